@@ -1,0 +1,27 @@
+# Two entry points for a newcomer: `make run` (the main job on the default model pair) and
+# `make test` (the test suite). Both set themselves up: a virtual environment in .venv with
+# pinned versions (constraints.txt; torch is the CPU build).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROMPT ?= Write a Python function that checks whether a number is prime.
+
+.PHONY: setup run test clean
+
+$(BIN)/draftwise: pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	touch $@
+
+setup: $(BIN)/draftwise
+
+run: setup
+	$(BIN)/draftwise generate "$(PROMPT)"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV)

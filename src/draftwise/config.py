@@ -1,0 +1,84 @@
+"""Typed configuration: the one source of truth for every knob.
+
+Every setting is validated when the object is built; unknown keys are rejected, so a
+misspelt option fails loudly instead of being silently ignored. The CLI, the servers and
+the bench build these objects rather than inventing their own settings.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+KPolicyName = Literal["fixed", "heuristic", "cost"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingConfig(_Strict):
+    """How the next token is chosen. ``temperature == 0`` means greedy decoding.
+
+    Temperature, top-k and top-p shape the target distribution ``p`` and the draft
+    distribution ``q`` alike, so what speculation preserves is the distribution the user
+    configured.
+    """
+
+    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = off")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass to keep; 1 = off")
+    seed: int | None = Field(None, ge=0, description="seed of the sampling generator")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class DraftConfig(_Strict):
+    """How much to draft per step and when the drafter stops early."""
+
+    k_policy: KPolicyName = Field(
+        "cost",
+        description="fixed: always k; heuristic: transformers' +2/-1 rule; "
+        "cost: pick the k that maximises expected tokens/s from measured acceptance and timings",
+    )
+    k: int = Field(5, ge=0, le=64, description="draft length (fixed) or starting length (heuristic)")
+    k_max: int = Field(12, ge=1, le=64, description="largest draft length the adaptive policies may use")
+    confidence_threshold: float = Field(
+        0.6, ge=0.0, le=1.0,
+        description="a draft model stops proposing once its top-1 probability falls below this; 0 = off",
+    )
+    ngram_max: int = Field(4, ge=1, le=16, description="longest context suffix the n-gram drafter matches")
+    ngram_min: int = Field(1, ge=1, le=16, description="shortest context suffix the n-gram drafter matches")
+    probe_every: int = Field(
+        16, ge=1, description="cost policy: after this many steps without drafting, draft once to re-measure"
+    )
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> DraftConfig:
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+        if self.k > self.k_max and self.k_policy != "fixed":
+            raise ValueError(f"k ({self.k}) must not exceed k_max ({self.k_max})")
+        return self
+
+
+class GenerationConfig(_Strict):
+    """One generation request: length, stops, sampling and drafting."""
+
+    max_new_tokens: int = Field(128, ge=1, le=1_000_000)
+    stop: tuple[str, ...] = Field((), description="stop strings; the output ends before the first one")
+    eos_token_ids: tuple[int, ...] | None = Field(
+        None, description="tokens that end generation; None = the target model's own"
+    )
+    ignore_eos: bool = Field(False, description="keep generating through EOS tokens")
+    sampling: SamplingConfig = SamplingConfig()
+    draft: DraftConfig = DraftConfig()
+
+    @model_validator(mode="after")
+    def _check_stops(self) -> GenerationConfig:
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        return self

@@ -1,0 +1,149 @@
+"""Drafters: cheap proposers of the next few tokens.
+
+Every drafter speaks the same protocol, so the decode loop never asks which one it has:
+``start`` once per sequence, ``propose`` a block, ``observe`` the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from draftwise.config import GenerationConfig
+from draftwise.model import CausalLM
+from draftwise.verify import Verdict, logits_to_probs
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A proposed block of draft tokens.
+
+    ``probs`` holds the draft distribution ``q`` at each position (what the rejection rule
+    needs); ``None`` means the drafter is deterministic (a point mass on each token).
+    """
+
+    tokens: torch.Tensor  # [k] long
+    probs: torch.Tensor | None = None  # [k, V] float32 or None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def token_probs(self) -> list[float]:
+        """q(x_i) of each proposed token (1.0 for a point mass)."""
+        if self.probs is None:
+            return [1.0] * len(self)
+        return self.probs.gather(1, self.tokens[:, None]).squeeze(1).tolist()
+
+
+EMPTY_PROPOSAL = Proposal(tokens=torch.empty(0, dtype=torch.long))
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """The one interface every drafter implements."""
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        """Begin a new sequence (e.g. prefill a draft model's cache)."""
+
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        """Propose up to ``k`` tokens to follow ``context`` (the committed tokens so far)."""
+
+    def observe(self, context: Sequence[int], verdict: Verdict) -> None:
+        """Learn the verdict on the last proposal; ``context`` is the committed sequence after it."""
+
+
+class ModelDrafter:
+    """A smaller LM sharing the target's tokenizer drafts autoregressively.
+
+    Confidence early stop: once the draft's top-1 probability at a position falls below
+    ``confidence_threshold``, that token is still proposed (its cost is already paid and the
+    target checks it for free within the same pass) but no further token is drafted.
+    """
+
+    def __init__(self, lm: CausalLM) -> None:
+        self.lm = lm
+        self._config = GenerationConfig()
+        self._generator: torch.Generator | None = None
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        self._config = config
+        self._generator = generator
+        self.lm.reset()
+        if len(prompt) > 1:
+            self.lm.forward(prompt[:-1], last=1)
+
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        if k <= 0:
+            return EMPTY_PROPOSAL
+        sampling = self._config.sampling
+        threshold = self._config.draft.confidence_threshold
+        feed = self.lm.sync(context)
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for _ in range(k):
+            logits = self.lm.forward(feed, last=1)  # [1, V]
+            q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)[0]
+            if sampling.greedy:
+                token = int(logits[0].argmax())
+            else:
+                token = int(torch.multinomial(q, 1, generator=self._generator))
+            tokens.append(token)
+            rows.append(q)
+            if threshold > 0 and float(q.max()) < threshold:
+                break
+            feed = [token]
+        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), probs=torch.stack(rows))
+
+    def observe(self, context: Sequence[int], verdict: Verdict) -> None:
+        # Drop rejected draft tokens now so the cache never holds more than it must.
+        self.lm.sync(context)
+
+
+class NGramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the context's last ``n`` tokens
+    and propose what followed it, trying ``n`` from ``ngram_max`` down to ``ngram_min``.
+
+    An index from each n-gram to the latest position where it ended is kept up to date
+    incrementally, so a lookup costs O(1) rather than a scan of the context.
+
+    Example: context ``[a b c x a b]`` with n = 2: the suffix ``a b`` last occurred ending at
+    position 1, followed by ``c x a ...``, so ``[c, x, a]`` is proposed for k = 3.
+    """
+
+    def __init__(self) -> None:
+        self._config = GenerationConfig()
+        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self._indexed = 0  # n-grams ending before this position are in the index
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        self._config = config
+        self._index = {n: {} for n in range(config.draft.ngram_min, config.draft.ngram_max + 1)}
+        self._indexed = 0
+
+    def _extend_index(self, context: Sequence[int]) -> None:
+        # The n-grams ending at the last position are left out: the suffix must match an
+        # *earlier* occurrence, not itself.
+        for end in range(self._indexed, len(context) - 1):
+            for n, table in self._index.items():
+                if end + 1 >= n:
+                    table[tuple(context[end + 1 - n : end + 1])] = end
+        self._indexed = max(self._indexed, len(context) - 1)
+
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        if k <= 0 or not context:
+            return EMPTY_PROPOSAL
+        self._extend_index(context)
+        for n in sorted(self._index, reverse=True):
+            if n > len(context):
+                continue
+            end = self._index[n].get(tuple(context[len(context) - n :]))
+            if end is not None:
+                follow = list(context[end + 1 : end + 1 + k])
+                return Proposal(tokens=torch.tensor(follow, dtype=torch.long))
+        return EMPTY_PROPOSAL
+
+    def observe(self, context: Sequence[int], verdict: Verdict) -> None:
+        """Nothing to learn: the index catches up with the context on the next proposal."""

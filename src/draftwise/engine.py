@@ -1,0 +1,178 @@
+"""The decode loop: one streaming core that yields a ``StepEvent`` per target pass.
+
+``generate`` is a thin wrapper that drains the stream. With no drafter the same loop is
+plain autoregressive decoding (every step proposes nothing and the target adds one token),
+which is the baseline draftwise compares against.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from draftwise.config import GenerationConfig
+from draftwise.drafters import EMPTY_PROPOSAL, Drafter, ModelDrafter, Proposal
+from draftwise.events import StepEvent
+from draftwise.metrics import GenerationMetrics
+from draftwise.model import CausalLM
+from draftwise.policies import DraftLengthPolicy, FixedK, make_policy
+from draftwise.stopping import TextStream, first_eos
+from draftwise.target import LocalTarget, Target, Verification
+from draftwise.verify import TokenSource
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    tokens: list[int]
+    text: str
+    metrics: GenerationMetrics
+    events: list[StepEvent] = field(default_factory=list)
+
+
+class _Run:
+    """Bookkeeping of one generation: context, budget, stops, timings."""
+
+    def __init__(self, prompt: list[int], config: GenerationConfig, eos_ids: tuple[int, ...], tokenizer: Any,
+                 policy: DraftLengthPolicy) -> None:
+        self.config = config
+        self.context = list(prompt)
+        self.prompt_len = len(prompt)
+        self.eos_ids = set() if config.ignore_eos else set(config.eos_token_ids or eos_ids)
+        self.text = TextStream(tokenizer, config.stop) if tokenizer is not None else None
+        self.policy = policy
+        self.step = 0
+        self.prefill_seconds = 0.0
+        self.finished = False
+
+    @property
+    def generated(self) -> int:
+        return len(self.context) - self.prompt_len
+
+    def truncate(self, tokens: list[int]) -> tuple[list[int], str, str | None]:
+        """Cut a step's tokens at the first stop; return (kept tokens, new text, finish reason)."""
+        reason = None
+        budget = self.config.max_new_tokens - self.generated
+        if len(tokens) >= budget:
+            tokens, reason = tokens[:budget], "length"
+        eos_at = first_eos(tokens, self.eos_ids)
+        if eos_at >= 0:
+            tokens, reason = tokens[: eos_at + 1], "eos"
+        text = ""
+        if self.text is not None:
+            keep, text, hit = self.text.push(tokens)
+            if hit:
+                tokens, reason = tokens[:keep], "stop"
+            elif reason is not None:
+                text += self.text.flush()
+        return tokens, text, reason
+
+    def commit(self, k: int, proposal: Proposal, check: Verification, draft_seconds: float,
+               verify_seconds: float, step_started: float) -> StepEvent:
+        verdict = check.verdict
+        raw = proposal.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
+        tokens, text, reason = self.truncate(raw)
+        sources = [TokenSource.ACCEPTED] * verdict.n_accepted + [verdict.next_source]
+        self.context.extend(tokens)
+        self.finished = reason is not None
+        self.policy.update(k, len(proposal), verdict.n_accepted, draft_seconds, verify_seconds)
+        event = StepEvent(
+            step=self.step,
+            k=k,
+            proposed=proposal.tokens.tolist(),
+            draft_probs=proposal.token_probs(),
+            target_probs=check.target_token_probs,
+            n_accepted=verdict.n_accepted,
+            next_token=verdict.next_token,
+            tokens=tokens,
+            sources=sources[: len(tokens)],
+            text=text,
+            prefill_seconds=self.prefill_seconds if self.step == 0 else 0.0,
+            draft_seconds=draft_seconds,
+            verify_seconds=verify_seconds,
+            step_seconds=time.perf_counter() - step_started,
+            finished=self.finished,
+            finish_reason=reason,
+        )
+        self.step += 1
+        return event
+
+
+class SpeculativeEngine:
+    """Speculative decoding with any ``Target`` and any ``Drafter`` (or none)."""
+
+    def __init__(self, target: Target, drafter: Drafter | None = None, tokenizer: Any = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_models(cls, target: CausalLM, draft: CausalLM | Drafter | None = None) -> SpeculativeEngine:
+        drafter = ModelDrafter(draft) if isinstance(draft, CausalLM) else draft
+        return cls(LocalTarget(target), drafter, tokenizer=target.tokenizer)
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        return ids
+
+    def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StepEvent]:
+        """Generate, yielding one event per target pass."""
+        config = config or GenerationConfig()
+        policy = make_policy(config.draft) if self.drafter is not None else FixedK(0)
+        run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy)
+        generator = None
+        if config.sampling.seed is not None:
+            generator = torch.Generator().manual_seed(config.sampling.seed)
+
+        # 1. Prefill target and drafter with the prompt.
+        started = time.perf_counter()
+        self.target.start(run.context, config, generator)
+        if self.drafter is not None:
+            self.drafter.start(run.context, config, generator)
+        run.prefill_seconds = time.perf_counter() - started
+
+        while not run.finished:
+            step_started = time.perf_counter()
+            # 2. Choose the draft length; never draft past the token budget.
+            k = min(policy.next_k(), config.max_new_tokens - run.generated - 1)
+            # 3. Draft.
+            proposal = self.drafter.propose(run.context, k) if self.drafter is not None and k > 0 else EMPTY_PROPOSAL
+            drafted = time.perf_counter()
+            # 4. Verify the whole block in one target pass.
+            check = self.target.verify(run.context, proposal)
+            verified = time.perf_counter()
+            # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
+            event = run.commit(k, proposal, check, drafted - step_started, verified - drafted, step_started)
+            if self.drafter is not None and not run.finished:
+                self.drafter.observe(run.context, check.verdict)
+            # 6. Hand the step to the consumer.
+            yield event
+
+    def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
+        """Generate to the end and return tokens, text and metrics."""
+        prompt_ids = self.encode(prompt)
+        events = list(self.stream(prompt_ids, config))
+        tokens = [t for e in events for t in e.tokens]
+        return GenerationResult(
+            prompt_ids=prompt_ids,
+            tokens=tokens,
+            text="".join(e.text for e in events),
+            metrics=GenerationMetrics.from_events(events),
+            events=events,
+        )
+
+
+def autoregressive(target: CausalLM) -> SpeculativeEngine:
+    """The plain-decoding baseline: the same loop and model wrapper, with no drafter."""
+    return SpeculativeEngine.from_models(target, None)

@@ -1,0 +1,67 @@
+"""The target side: score a proposed block in one pass and apply the acceptance rule.
+
+``Target`` is the seam between the decode loop and wherever the target model runs: in this
+process (``LocalTarget``) or behind a remote verifier server. Both apply the same
+functions from ``draftwise.verify``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from draftwise.config import GenerationConfig
+from draftwise.drafters import Proposal
+from draftwise.model import CausalLM
+from draftwise.verify import Verdict, verify
+
+
+@dataclass(frozen=True)
+class Verification:
+    verdict: Verdict
+    target_token_probs: list[float]  # p(x_i) of each proposed token under the configured distribution
+
+
+class Target(Protocol):
+    eos_token_ids: tuple[int, ...]
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        """Begin a new sequence (prefill everything but the last prompt token)."""
+
+    def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
+        """Score ``proposal`` after ``context`` in one pass and decide what to keep."""
+
+
+class LocalTarget:
+    """The target model in this process."""
+
+    def __init__(self, lm: CausalLM) -> None:
+        self.lm = lm
+        self.eos_token_ids = lm.eos_token_ids
+        self._config = GenerationConfig()
+        self._generator: torch.Generator | None = None
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        self._config = config
+        self._generator = generator
+        self.lm.reset()
+        if len(prompt) > 1:
+            self.lm.forward(prompt[:-1], last=1)
+
+    def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
+        # The newest committed token is never in the cache yet: it is fed together with the
+        # block, and row i of the scores judges proposal token i (row k gives the bonus).
+        feed = self.lm.sync(context) + proposal.tokens.tolist()
+        k = len(proposal)
+        logits = self.lm.forward(feed, last=k + 1)  # [k + 1, V]
+        s = self._config.sampling
+        verdict, target_probs = verify(
+            proposal.tokens, proposal.probs, logits, s.temperature, s.top_k, s.top_p, self._generator
+        )
+        # Keep the accepted tokens; the next token is fed with the next block.
+        self.lm.rollback(len(context) + verdict.n_accepted)
+        token_probs = target_probs[:k].gather(1, proposal.tokens[:, None]).squeeze(1).tolist() if k else []
+        return Verification(verdict=verdict, target_token_probs=token_probs)

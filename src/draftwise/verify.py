@@ -1,0 +1,177 @@
+"""Verification: pure functions over tensors.
+
+No model, no cache, no global randomness: the caller passes the target's scores, the
+drafter's proposal and (for sampling) a ``torch.Generator``.
+
+Vocabulary of outcomes, defined once here and used everywhere:
+
+* **accepted**: a proposed draft token the target keeps.
+* **corrected**: the token the target supplies at the first rejected position, in place of
+  the rejected draft token.
+* **bonus**: the token the target supplies after every proposed token was accepted (with an
+  empty proposal this is simply the target's own next token: plain decoding).
+
+Each verification therefore emits ``n_accepted + 1`` tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class TokenSource(str, enum.Enum):
+    ACCEPTED = "accepted"
+    CORRECTED = "corrected"
+    BONUS = "bonus"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of verifying one proposed block.
+
+    ``n_accepted`` draft tokens are kept, then ``next_token`` (a correction when
+    ``n_accepted < n_proposed``, else a bonus).
+    """
+
+    n_accepted: int
+    next_token: int
+    n_proposed: int
+
+    @property
+    def next_source(self) -> TokenSource:
+        return TokenSource.CORRECTED if self.n_accepted < self.n_proposed else TokenSource.BONUS
+
+
+def logits_to_probs(
+    logits: torch.Tensor,  # [n, V] raw scores
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> torch.Tensor:  # [n, V] float32 probabilities, rows sum to 1
+    """Turn raw scores into the distribution the user configured.
+
+    ``temperature == 0`` (greedy) returns the plain softmax: greedy decisions are made on
+    argmax, the probabilities are only reported.
+    """
+    scores = logits.float()
+    if temperature > 0:
+        scores = scores / temperature
+        if top_k > 0 and top_k < scores.shape[-1]:
+            kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if top_p < 1.0:
+            sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+            sorted_probs = sorted_scores.softmax(-1)
+            # Mass strictly before each token: a token is kept while that mass is < top_p,
+            # so the most likely token always survives.
+            mass_before = sorted_probs.cumsum(-1) - sorted_probs
+            drop_sorted = mass_before >= top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(-1)
+
+
+def _align_vocab(probs: torch.Tensor, size: int) -> torch.Tensor:
+    """Pad (with zero mass) or cut the last dim to ``size``.
+
+    Draft and target may disagree on the padded embedding size (e.g. Qwen pads its
+    embedding matrix beyond the tokenizer); the extra ids are never real tokens.
+    """
+    have = probs.shape[-1]
+    if have == size:
+        return probs
+    if have > size:
+        return probs[..., :size]
+    return torch.nn.functional.pad(probs, (0, size - have))
+
+
+def verify_greedy(
+    draft_tokens: torch.Tensor,  # [k] long
+    target_logits: torch.Tensor,  # [k + 1, V]; row i scores the token after draft_tokens[:i]
+) -> Verdict:
+    """Accept while the target's argmax equals the draft token.
+
+    Example: draft ``[5, 7, 9]``, target argmax per row ``[5, 7, 2, 4]`` -> 2 accepted,
+    correction ``2``. With argmax ``[5, 7, 9, 4]`` -> 3 accepted, bonus ``4``.
+    """
+    k = draft_tokens.shape[0]
+    target_choice = target_logits.argmax(-1)  # [k + 1]
+    agree = (target_choice[:k] == draft_tokens).int()
+    n_accepted = int(agree.cumprod(0).sum()) if k else 0
+    return Verdict(n_accepted=n_accepted, next_token=int(target_choice[n_accepted]), n_proposed=k)
+
+
+def verify_sampling(
+    draft_tokens: torch.Tensor,  # [k] long
+    draft_probs: torch.Tensor | None,  # [k, V'] q per position; None = point mass on each draft token
+    target_probs: torch.Tensor,  # [k + 1, V] p per position
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    Token ``x_i`` is accepted with probability ``min(1, p_i(x_i) / q_i(x_i))``, decided in
+    log space. At the first rejection the correction is drawn from ``norm(max(0, p - q))``;
+    if all ``k`` are accepted the bonus is drawn from ``p_k``. The emitted tokens are then
+    distributed exactly as ``p`` alone would produce them.
+
+    A drafter without probabilities (n-gram lookup) is a point mass ``q = onehot(x)``:
+    accept with probability ``p(x)``; on rejection draw from ``p`` with ``x`` removed.
+
+    Example: ``p_0 = [0.5, 0.5]``, ``q_0 = [1, 0]``, draft ``x_0 = 0``: accepted with
+    probability 0.5; when rejected the correction is token 1 (``max(0, p - q) = [0, 0.5]``),
+    so token 0 and token 1 each come out half the time, as under ``p``.
+    """
+    k = draft_tokens.shape[0]
+    vocab = target_probs.shape[-1]
+    if k:
+        p_x = target_probs[:k].gather(1, draft_tokens[:, None]).squeeze(1)  # [k]
+        if draft_probs is None:
+            q_x = torch.ones_like(p_x)
+        else:
+            draft_probs = _align_vocab(draft_probs, vocab)
+            q_x = draft_probs.gather(1, draft_tokens[:, None]).squeeze(1)
+        u = torch.rand(k, generator=generator, dtype=torch.float64)
+        # log u <= log p - log q  <=>  u <= p / q; q(x) > 0 because x was drawn from q.
+        accept = torch.log(u) <= (torch.log(p_x.double()) - torch.log(q_x.double()))
+        n_accepted = int(accept.int().cumprod(0).sum())
+    else:
+        n_accepted = 0
+
+    if n_accepted == k:
+        next_dist = target_probs[k]
+    else:
+        x = draft_tokens[n_accepted]
+        if draft_probs is None:
+            residual = target_probs[n_accepted].clone()
+            residual[x] = 0.0
+        else:
+            residual = (target_probs[n_accepted] - draft_probs[n_accepted]).clamp_min(0.0)
+        mass = residual.sum()
+        # A rejection implies p(x) < q(x), hence positive residual mass; the guard only
+        # covers float round-off, where p itself is the right distribution to fall back on.
+        next_dist = residual / mass if mass > 0 else target_probs[n_accepted]
+    next_token = int(torch.multinomial(next_dist, 1, generator=generator))
+    return Verdict(n_accepted=n_accepted, next_token=next_token, n_proposed=k)
+
+
+def verify(
+    draft_tokens: torch.Tensor,  # [k] long
+    draft_probs: torch.Tensor | None,  # [k, V'] or None
+    target_logits: torch.Tensor,  # [k + 1, V]
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> tuple[Verdict, torch.Tensor]:
+    """Apply the configured acceptance rule.
+
+    Returns the verdict and ``target_probs`` ([k + 1, V], the configured distribution p,
+    or the plain softmax under greedy decoding) for reporting.
+    """
+    target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
+    if temperature == 0:
+        return verify_greedy(draft_tokens, target_logits), target_probs
+    return verify_sampling(draft_tokens, draft_probs, target_probs, generator), target_probs
