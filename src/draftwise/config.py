@@ -52,6 +52,11 @@ class DraftConfig(_Strict):
     )
     ngram_max: int = Field(4, ge=1, le=16, description="longest context suffix the n-gram drafter matches")
     ngram_min: int = Field(1, ge=1, le=16, description="shortest context suffix the n-gram drafter matches")
+    proposal_top: int = Field(
+        0, ge=0,
+        description="sampling: a draft model samples from its N most likely tokens only (renormalised), so "
+        "its q has at most N entries per position (what a remote verifier receives); still lossless; 0 = off",
+    )
     probe_every: int = Field(
         16, ge=1, description="cost policy: after this many steps without drafting, draft once to re-measure"
     )

@@ -14,7 +14,7 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.model import CausalLM
-from draftwise.verify import Verdict, logits_to_probs
+from draftwise.verify import Verdict, logits_to_probs, sample
 
 
 @dataclass(frozen=True)
@@ -80,16 +80,21 @@ class ModelDrafter:
             return EMPTY_PROPOSAL
         sampling = self._config.sampling
         threshold = self._config.draft.confidence_threshold
+        # proposal_top narrows q to its N most likely tokens; lossless because the rejection
+        # rule receives exactly the q sampled from. Greedy drafting only reports q.
+        top_k, top_n = sampling.top_k, self._config.draft.proposal_top
+        if top_n and not sampling.greedy:
+            top_k = min(top_k or top_n, top_n)
         feed = self.lm.sync(context)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for _ in range(k):
             logits = self.lm.forward(feed, last=1)  # [1, V]
-            q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)[0]
+            q = logits_to_probs(logits, sampling.temperature, top_k, sampling.top_p)[0]
             if sampling.greedy:
                 token = int(logits[0].argmax())
             else:
-                token = int(torch.multinomial(q, 1, generator=self._generator))
+                token = sample(q, self._generator)
             tokens.append(token)
             rows.append(q)
             if threshold > 0 and float(q.max()) < threshold:

@@ -8,7 +8,7 @@ which is the baseline draftwise compares against.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from draftwise.model import CausalLM
 from draftwise.policies import DraftLengthPolicy, FixedK, make_policy
 from draftwise.stopping import TextStream, first_eos
 from draftwise.target import LocalTarget, Target, Verification
-from draftwise.verify import TokenSource
+from draftwise.verify import TokenSource, Verdict
 
 
 @dataclass
@@ -72,13 +72,16 @@ class _Run:
         return tokens, text, reason
 
     def commit(self, k: int, proposal: Proposal, check: Verification, draft_seconds: float,
-               verify_seconds: float, step_started: float) -> StepEvent:
+               verify_seconds: float, step_started: float,
+               observe: Callable[[list[int], Verdict], None] | None = None) -> StepEvent:
         verdict = check.verdict
         raw = proposal.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
         tokens, text, reason = self.truncate(raw)
         sources = [TokenSource.ACCEPTED] * verdict.n_accepted + [verdict.next_source]
         self.context.extend(tokens)
         self.finished = reason is not None
+        if observe is not None and not self.finished:
+            observe(self.context, verdict)  # before the step's clock stops: it is loop work too
         self.policy.update(k, len(proposal), verdict.n_accepted, draft_seconds, verify_seconds)
         event = StepEvent(
             step=self.step,
@@ -97,9 +100,21 @@ class _Run:
             step_seconds=time.perf_counter() - step_started,
             finished=self.finished,
             finish_reason=reason,
+            extra=dict(check.extra),
         )
         self.step += 1
         return event
+
+
+def seeded_generators(seed: int | None) -> tuple[torch.Generator | None, torch.Generator | None]:
+    """The (target, drafter) random streams of a seeded run; (None, None) without a seed.
+
+    Target and drafter draw from separate streams, so a target running elsewhere (a remote
+    verifier seeded with the same seed) makes the same draws as the local one.
+    """
+    if seed is None:
+        return None, None
+    return torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
 
 
 class SpeculativeEngine:
@@ -131,15 +146,13 @@ class SpeculativeEngine:
         config = config or GenerationConfig()
         policy = make_policy(config.draft) if self.drafter is not None else FixedK(0)
         run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy)
-        generator = None
-        if config.sampling.seed is not None:
-            generator = torch.Generator().manual_seed(config.sampling.seed)
+        target_generator, drafter_generator = seeded_generators(config.sampling.seed)
 
         # 1. Prefill target and drafter with the prompt.
         started = time.perf_counter()
-        self.target.start(run.context, config, generator)
+        self.target.start(run.context, config, target_generator)
         if self.drafter is not None:
-            self.drafter.start(run.context, config, generator)
+            self.drafter.start(run.context, config, drafter_generator)
         run.prefill_seconds = time.perf_counter() - started
 
         while not run.finished:
@@ -153,9 +166,8 @@ class SpeculativeEngine:
             check = self.target.verify(run.context, proposal)
             verified = time.perf_counter()
             # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
-            event = run.commit(k, proposal, check, drafted - step_started, verified - drafted, step_started)
-            if self.drafter is not None and not run.finished:
-                self.drafter.observe(run.context, check.verdict)
+            observe = self.drafter.observe if self.drafter is not None else None
+            event = run.commit(k, proposal, check, drafted - step_started, verified - drafted, step_started, observe)
             # 6. Hand the step to the consumer.
             yield event
 

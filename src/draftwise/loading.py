@@ -1,21 +1,221 @@
-"""Load a model from a source string: ``tiny:SEED`` (random, in-process), a local folder or
-a Hugging Face id.
+"""Load a model from a source string.
+
+A source is one of:
+
+* ``tiny:SEED``: a tiny random model built in-process (tests, demos);
+* a packaged model's short name (``smollm2-135m``, see ``draftwise.registry``), once pulled;
+* a path to a ``.gguf`` file;
+* a local folder or a Hugging Face id (``from_pretrained``).
+
+GGUF files are dequantized by transformers on load, which for a 1.5B model takes minutes on
+a small CPU. The first load therefore also writes the dequantized weights as safetensors
+under ``$DRAFTWISE_HOME/converted/``; later loads read those in seconds (measured on the
+Qwen2.5-Coder-1.5B file: 3.5 min from GGUF, 3 s from the converted folder).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
 from draftwise.model import CausalLM
+from draftwise.registry import REGISTRY, home, is_pulled, model_path
+
+DTYPES = ("auto", "float32", "bfloat16")
 
 
 class ModelLoadError(ValueError):
     """A model source could not be loaded; the message says why, for the user."""
 
 
-def load_lm(source: str, *, dtype: str = "auto", threads: int | None = None) -> CausalLM:
-    """Load ``source`` as a ``CausalLM`` with its tokenizer."""
+def _quiet_transformers() -> None:
+    """transformers' own progress bars and advice would drown the CLI's output."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def _bench_linear(torch_dtype, reps: int = 5) -> float:
+    """Best-of-``reps`` seconds of a decoder-sized matrix product in ``torch_dtype``, for one
+    row (a decoding step) plus eight rows (a verification block)."""
     import torch
 
-    if threads:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(4096, 1536, generator=generator).to(torch_dtype)
+    total = 0.0
+    with torch.inference_mode():
+        for rows in (1, 8):
+            x = torch.randn(rows, 1536, generator=generator).to(torch_dtype)
+            torch.nn.functional.linear(x, weight)  # warm-up: first calls pick kernels
+            best = float("inf")
+            for _ in range(reps):
+                started = time.perf_counter()
+                torch.nn.functional.linear(x, weight)
+                best = min(best, time.perf_counter() - started)
+            total += best
+    return total
+
+
+def pick_dtype(root: Path | None = None) -> tuple[str, str]:
+    """Choose float32 or bfloat16 for this CPU by measuring both; return (dtype, why).
+
+    bfloat16 halves the bytes read per token (decoding on CPU is memory-bound) but CPUs
+    without native bf16 instructions convert on the fly, which can cost more than it saves:
+    only a measurement tells. The decision is cached per CPU, torch version and thread count.
+    """
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
+               platform.processor())
+    key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+    cache = (root or home()) / "dtype.json"
+    try:
+        decisions = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        decisions = {}
+    if key in decisions:
+        choice = decisions[key]
+        return choice["dtype"], f"{choice['why']} (cached in {cache})"
+
+    # Correct first: bf16 results must agree with fp32 to bf16 precision.
+    generator = torch.Generator().manual_seed(1)
+    a, b = torch.randn(8, 256, generator=generator), torch.randn(256, 8, generator=generator)
+    exact = a @ b
+    close = torch.allclose((a.bfloat16() @ b.bfloat16()).float(), exact, rtol=5e-2, atol=0.5)
+    fp32 = min(_bench_linear(torch.float32), _bench_linear(torch.float32))
+    bf16 = min(_bench_linear(torch.bfloat16), _bench_linear(torch.bfloat16)) if close else float("inf")
+    dtype = "bfloat16" if bf16 < fp32 else "float32"
+    why = (f"auto dtype: {dtype} (decoder matmuls, 1 + 8 rows: float32 {fp32 * 1e3:.2f} ms, "
+           f"bfloat16 {'inaccurate' if not close else f'{bf16 * 1e3:.2f} ms'})")
+    decisions[key] = {"dtype": dtype, "why": why}
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(decisions, indent=1))
+    except OSError:
+        pass  # a read-only cache only costs re-measuring next time
+    return dtype, why
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _converted_folder(gguf: Path, dtype: str) -> Path:
+    """Cache folder for ``gguf`` dequantized to ``dtype``; keyed on name, size and mtime so a
+    replaced file is converted again."""
+    stat = gguf.stat()
+    tag = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    return home() / "converted" / f"{gguf.stem}-{dtype}-{tag}"
+
+
+def _save_converted(model, tokenizer, folder: Path) -> None:
+    """Write a dequantized GGUF model as a plain safetensors folder, atomically.
+
+    ``save_pretrained`` refuses models loaded through the GGUF quantizer even once they are
+    fully dequantized, so the weights are written with safetensors directly.
+    """
+    from safetensors.torch import save_model
+
+    scratch = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        scratch.mkdir(parents=True)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (scratch / "config.json").write_text(json.dumps(config, indent=1))
+        model.generation_config.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        save_model(model, str(scratch / "model.safetensors"))
+        os.replace(scratch, folder)
+    except OSError:
+        # Out of disk or a read-only cache: this load still works, the next one converts again.
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _load_gguf(path: Path, torch_dtype, dtype: str, log: Callable[[str], None]):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = _converted_folder(path, dtype)
+    if folder.is_dir():
+        return _load_pretrained(str(folder), torch_dtype)
+    log(f"dequantizing {path.name} to {dtype} (once: the result is cached in {folder.parent})")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot load GGUF file {path}: {_first_line(exc)}") from exc
+    _save_converted(model, tokenizer, folder)
+    return model, tokenizer
+
+
+def _load_pretrained(source: str, torch_dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load model {source!r}: {_first_line(exc)}") from exc
+    return model, tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def resolve(source: str) -> Path | str:
+    """Turn a source into a path (registry name, ``.gguf``, folder) or leave an HF id as is."""
+    if source in REGISTRY:
+        entry = REGISTRY[source]
+        if not is_pulled(entry):
+            raise ModelLoadError(f"model {source!r} is not pulled yet: run `draftwise pull {source}` "
+                                 f"({entry.size / 1e6:.0f} MB from PyPI)")
+        return model_path(entry)
+    path = Path(source).expanduser()
+    if path.exists():
+        return path
+    if source.endswith(".gguf") or source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise ModelLoadError(f"no such file or folder: {source}")
+    if "/" not in source:
+        # Not a packaged name, not a path, not an owner/name id: most likely a typo.
+        known = ", ".join(sorted(REGISTRY))
+        raise ModelLoadError(f"unknown model {source!r}: give a packaged name ({known}), a .gguf file, "
+                             "a model folder, a Hugging Face id owner/name, or tiny:SEED")
+    return source
+
+
+def load_lm(
+    source: str,
+    *,
+    dtype: str = "auto",
+    threads: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> CausalLM:
+    """Load ``source`` as a ``CausalLM`` with its tokenizer.
+
+    ``log`` receives one-line notes meant for the user (the dtype decision, a first-time GGUF
+    conversion).
+    """
+    import torch
+
+    log = log or (lambda message: None)
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if threads is not None:
+        if threads < 1:
+            raise ModelLoadError(f"threads must be at least 1, got {threads}")
         torch.set_num_threads(threads)
     if source.startswith("tiny:"):
         from draftwise.tiny import tiny_lm
@@ -26,12 +226,16 @@ def load_lm(source: str, *, dtype: str = "auto", threads: int | None = None) -> 
             raise ModelLoadError(f"tiny model source must be 'tiny:SEED', got {source!r}") from exc
         return tiny_lm(seed)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch_dtype = {"auto": torch.bfloat16, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load model {source!r}: {exc}") from exc
+    location = resolve(source)
+    if dtype == "auto":
+        dtype, why = pick_dtype()
+        log(why)
+    torch_dtype = getattr(torch, dtype)
+    _quiet_transformers()
+    if isinstance(location, Path) and location.is_file():
+        if location.suffix != ".gguf":
+            raise ModelLoadError(f"{location} is a file but not a .gguf file; give a .gguf file or a model folder")
+        model, tokenizer = _load_gguf(location, torch_dtype, dtype, log)
+    else:
+        model, tokenizer = _load_pretrained(str(location), torch_dtype)
     return CausalLM(model, tokenizer, name=source)

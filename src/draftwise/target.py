@@ -8,8 +8,8 @@ functions from ``draftwise.verify``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -23,6 +23,7 @@ from draftwise.verify import Verdict, verify
 class Verification:
     verdict: Verdict
     target_token_probs: list[float]  # p(x_i) of each proposed token under the configured distribution
+    extra: dict[str, Any] = field(default_factory=dict)  # backend timings, copied into StepEvent.extra
 
 
 class Target(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from draftwise.cli import generate
+from draftwise.cli import bench, dashboard, generate, models, serve, verifier
 
 
 def build_app() -> typer.Typer:
@@ -25,7 +25,7 @@ def build_app() -> typer.Typer:
     def _root() -> None:
         """Lossless speculative decoding: a cheap drafter proposes, the target verifies."""
 
-    for module in (generate,):
+    for module in (generate, models, serve, verifier, bench, dashboard):
         module.register(app)
     return app
 

@@ -1,23 +1,295 @@
-"""``draftwise generate``: run speculation on a prompt and show what it did."""
+"""``draftwise generate``: run speculation on a prompt and show what it did.
+
+The text streams as it is produced (``SpeculativeEngine.stream``), each token coloured by
+where it came from; a table of metrics follows. ``--compare`` also runs the plain target on
+the same prompt; ``--json`` prints one machine-readable object instead.
+
+Generation flags (sampling, drafting, stops, length) are derived from the config classes,
+see ``draftwise.cli.options``.
+"""
 
 from __future__ import annotations
 
+import inspect
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
+
+from draftwise.cli.options import config_parameters
+
+STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
+LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _read_prompt(prompt: str | None, file: Path | None) -> str:
+    if prompt is not None and file is not None:
+        raise _fail("give the prompt as an argument or with --file, not both")
+    if file is not None:
+        try:
+            return file.read_text()
+        except OSError as exc:
+            raise _fail(f"cannot read prompt file {file}: {exc.strerror}") from None
+    if prompt == "-":
+        return sys.stdin.read()
+    if prompt is None:
+        raise _fail("no prompt: give it as an argument, with --file PATH, or '-' to read stdin")
+    return prompt
+
+
+class TokenColours:
+    """Maps the text a step releases onto the tokens it came from, for colouring.
+
+    The engine releases text per step (held back around stop strings and split characters),
+    so each token's own piece is decoded here, in a short window of preceding tokens for
+    tokenizers that render a leading space by context. Released characters take the colour
+    of the token they came from; only colours depend on this, never the text itself.
+    """
+
+    WINDOW = 4  # tokens of context each piece is decoded in
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.styles: list[str] = []  # one style per decoded character not yet printed
+        self._held: list[int] = []  # tokens ending in an incomplete character
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def push(self, tokens: list[int], sources: list[Any]) -> None:
+        for token, source in zip(tokens, sources):
+            context = self.tokens[-self.WINDOW:]
+            piece = self._decode(context + self._held + [token])[len(self._decode(context)):]
+            if piece.endswith("\ufffd"):
+                self._held.append(token)
+                continue
+            self.tokens += self._held + [token]
+            self._held = []
+            self.styles += [STYLES[source.value]] * len(piece)
+
+    def render(self, text: str):
+        """``text`` (the next released characters) as a rich Text, coloured per token."""
+        from rich.text import Text
+
+        out = Text()
+        styles, self.styles = self.styles[: len(text)], self.styles[len(text):]
+        styles += [""] * (len(text) - len(styles))
+        for char, style in zip(text, styles):
+            out.append(char, style=style or None)
+        return out
+
+
+def _stats_table(metrics: Any, title: str):
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    total = metrics.total_seconds or 1.0
+    rows = [
+        ("tokens", f"{metrics.new_tokens}"),
+        ("tokens/s", f"{metrics.tokens_per_second:.2f}"),
+        ("target passes", f"{metrics.target_passes}"),
+        ("acceptance rate", f"{metrics.acceptance_rate:.1%} ({metrics.accepted}/{metrics.proposed})"),
+        ("mean accepted length", f"{metrics.mean_accepted_length:.2f} tokens/pass"),
+        ("total time", f"{metrics.total_seconds:.2f} s"),
+    ]
+    for name in ("prefill", "draft", "verify", "other"):
+        seconds = getattr(metrics, f"{name}_seconds")
+        rows.append((f"  {name}", f"{seconds:.2f} s ({seconds / total:.0%})"))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _load_models(target: str, draft: str | None, drafter: str, dtype: str, threads: int | None, console):
+    """Load target (and draft model), check they fit together; one-line errors."""
+    from draftwise.compat import IncompatibleModelsError, check_compatible
+    from draftwise.drafters import NGramDrafter
+    from draftwise.loading import ModelLoadError, load_lm
+    from draftwise.model import CausalLM
+
+    try:
+        with console.status(f"loading target {target}"):
+            target_lm = load_lm(target, dtype=dtype, threads=threads, log=console.print)
+        if drafter == "ngram":
+            return target_lm, NGramDrafter()
+        with console.status(f"loading draft {draft}"):
+            draft_lm = target_lm if draft == target else load_lm(draft, dtype=dtype, threads=threads, log=console.print)
+        if draft_lm is target_lm:
+            # Same weights, separate KV cache: a draft that is always right (a check of the loop).
+            draft_lm = CausalLM(target_lm.model, target_lm.tokenizer, name=target)
+        check_compatible(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
+    except (ModelLoadError, IncompatibleModelsError) as exc:
+        raise _fail(str(exc)) from None
+    return target_lm, draft_lm
+
+
+def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, str]:
+    """(draft model source, drafter kind): explicit flags win, else the registry's advice."""
+    from draftwise.registry import REGISTRY
+
+    if drafter not in (None, "model", "ngram"):
+        raise _fail(f"--drafter must be 'model' or 'ngram', got {drafter!r}")
+    if drafter == "ngram":
+        return None, "ngram"
+    if draft is not None:
+        return draft, "model"
+    entry = REGISTRY.get(target)
+    recommended = entry.draft if entry is not None else None
+    if drafter == "model":
+        if recommended in (None, "ngram"):
+            raise _fail(f"--drafter model needs --draft: no draft model is known for {target!r}")
+        return recommended, "model"
+    return (recommended, "model") if recommended not in (None, "ngram") else (None, "ngram")
+
+
+def _run(
+    prompt: str | None,
+    file: Path | None,
+    target: str | None,
+    draft: str | None,
+    drafter: str | None,
+    chat: bool,
+    compare: bool,
+    as_json: bool,
+    dtype: str,
+    threads: int | None,
+    verifier: str | None,
+    values: dict[str, Any],
+) -> None:
+    from rich.console import Console
+
+    from draftwise.chat import encode_prompt
+    from draftwise.cli.options import ConfigError, config_from_values
+    from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    try:
+        config = config_from_values(values)  # before any model loads: mistakes fail fast
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    text = _read_prompt(prompt, file)
+    if target is None and draft is None and drafter is None:
+        target, draft, drafter = DEFAULT_TARGET, DEFAULT_DRAFT, "model" if DEFAULT_DRAFT else "ngram"
+    target = target or DEFAULT_TARGET
+    draft, drafter = _choose_drafter(target, draft, drafter)
+    if verifier is not None:
+        if drafter != "model" or compare:
+            raise _fail("--verifier needs a draft model (--draft) and cannot --compare (the target is remote)")
+        target = draft  # only the draft runs here; it also supplies the tokenizer
+
+    err = Console(stderr=True)
+    out = Console(highlight=False)
+    target_lm, drafter_obj = _load_models(target, draft, drafter, dtype, threads, err)
+
+    from draftwise.engine import GenerationResult, SpeculativeEngine, autoregressive
+    from draftwise.metrics import GenerationMetrics
+    from draftwise.model import CausalLM
+
+    try:
+        ids = encode_prompt(target_lm.tokenizer, text, chat)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    remote_errors: tuple[type[Exception], ...] = ()  # a remote target's failures, shown in one line
+    if verifier is None:
+        # One short pass per model first: the first call pages the weights in and picks
+        # kernels, a one-off cost that would otherwise be billed to whichever run goes first.
+        for lm in (target_lm, drafter_obj):
+            if isinstance(lm, CausalLM):
+                lm.reset()
+                lm.forward(ids[:8], last=1)
+        engine = SpeculativeEngine.from_models(target_lm, drafter_obj)
+    else:
+        from draftwise.drafters import ModelDrafter
+        from draftwise.remote.client import RemoteVerifierError, connect
+
+        remote_errors = (RemoteVerifierError,)
+        try:
+            remote = connect(verifier, tokenizer=target_lm.tokenizer)
+        except RemoteVerifierError as exc:
+            raise _fail(str(exc)) from None
+        engine = SpeculativeEngine(remote, ModelDrafter(drafter_obj), tokenizer=target_lm.tokenizer)
+    label = f"{target} + {draft if drafter == 'model' else 'n-gram'} drafter"
+    if not as_json:
+        err.print(f"[bold]{label}[/]   {LEGEND}")
+    colours = TokenColours(target_lm.tokenizer)
+    events = []
+    try:
+        for event in engine.stream(ids, config):
+            events.append(event)
+            if not as_json:
+                colours.push(event.tokens, event.sources)
+                out.print(colours.render(event.text), end="")
+    except remote_errors as exc:
+        raise _fail(str(exc)) from None
+    result = GenerationResult(ids, [t for e in events for t in e.tokens], "".join(e.text for e in events),
+                              GenerationMetrics.from_events(events), events)
+
+    baseline = autoregressive(target_lm).generate(ids, config) if compare else None
+    if as_json:
+        payload = {
+            "target": target, "draft": draft, "drafter": drafter, "dtype": str(target_lm.model.dtype),
+            "config": config.model_dump(mode="json"), "prompt_tokens": len(ids),
+            "text": result.text, "tokens": result.tokens, "metrics": result.metrics.to_dict(),
+        }
+        if baseline is not None:
+            payload["compare"] = {
+                "text": baseline.text, "tokens": baseline.tokens, "metrics": baseline.metrics.to_dict(),
+                "speedup": _speedup(result, baseline), "identical": baseline.tokens == result.tokens,
+            }
+        typer.echo(json.dumps(payload))
+        return
+    out.print()
+    out.print(_stats_table(result.metrics, f"speculative: {label}"))
+    if baseline is not None:
+        out.print(_stats_table(baseline.metrics, f"plain target: {target}"))
+        same = "identical" if baseline.tokens == result.tokens else "different"
+        note = "" if config.sampling.greedy or same == "identical" else " (expected when sampling)"
+        out.print(f"[bold]speedup {_speedup(result, baseline):.2f}x[/] (tokens/s, speculative vs plain); "
+                  f"outputs token-for-token {same}{note}")
+
+
+def _speedup(result: Any, baseline: Any) -> float:
+    base = baseline.metrics.tokens_per_second
+    return result.metrics.tokens_per_second / base if base else 0.0
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def generate(
-        prompt: str = typer.Argument(..., help="the prompt text"),
-        target: str = typer.Option("tiny:0", help="target model source"),
-        draft: str = typer.Option("tiny:0", help="draft model source"),
-        max_new_tokens: int = typer.Option(64, help="tokens to generate at most"),
-    ) -> None:
-        """Generate text with speculative decoding (placeholder until the CLI issue lands)."""
-        from draftwise.config import GenerationConfig
-        from draftwise.engine import SpeculativeEngine
-        from draftwise.loading import load_lm
+    fixed = [
+        ("prompt", Optional[str], typer.Argument(None, help="the prompt text; '-' reads stdin")),
+        ("file", Optional[Path], typer.Option(None, "--file", "-f", help="read the prompt from this file")),
+        ("target", Optional[str], typer.Option(
+            None, help="target model: a packaged name (see `draftwise models`), a .gguf file, a folder, "
+            "a Hugging Face id owner/name, or tiny:SEED; default: the packaged default pair")),
+        ("draft", Optional[str], typer.Option(
+            None, help="draft model (same kinds of source); default: the registry's draft for the target")),
+        ("drafter", Optional[str], typer.Option(
+            None, help="model or ngram; default: model when a draft is known or given, else ngram")),
+        ("chat", bool, typer.Option(False, "--chat/--plain", help="apply the target's chat template")),
+        ("compare", bool, typer.Option(False, help="also run the plain target; print speedup and identity")),
+        ("as_json", bool, typer.Option(False, "--json", help="print one JSON object instead of coloured text")),
+        ("dtype", str, typer.Option("auto", help="auto (measure what is fastest here), float32 or bfloat16")),
+        ("threads", Optional[int], typer.Option(None, help="CPU threads for torch; default: torch's choice")),
+        ("verifier", Optional[str], typer.Option(
+            None, help="URL of a `draftwise serve-verifier` running the target: only the draft runs here "
+            "(API key: $DRAFTWISE_VERIFIER_API_KEY)")),
+    ]
+    names = [name for name, _, _ in fixed]
 
-        engine = SpeculativeEngine.from_models(load_lm(target), load_lm(draft))
-        result = engine.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens))
-        typer.echo(result.text)
+    def generate(**kwargs: Any) -> None:
+        """Generate text with speculative decoding; tokens are coloured by where they came from."""
+        _run(*(kwargs.pop(name) for name in names), values=kwargs)
+
+    generate.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in fixed]
+        + config_parameters()
+    )
+    app.command()(generate)

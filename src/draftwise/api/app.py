@@ -1,0 +1,371 @@
+"""The OpenAI-compatible HTTP app: ``create_app(settings)`` builds it, uvicorn serves it.
+
+Both endpoints, streaming or not, consume the same async stream of engine step events
+(``WorkerPool.run`` over ``SpeculativeEngine.stream``); streaming writes each step as an
+SSE chunk, non-streaming collects the steps into one response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+
+from draftwise.api import schemas as s
+from draftwise.api.errors import APIError, install_handlers
+from draftwise.api.monitoring import ServerMetrics
+from draftwise.api.pool import GenerationTimeout, Job, QueueFull, WorkerPool, build_workers
+from draftwise.api.settings import ServerSettings
+from draftwise.api.translate import Plan, encode_chat, encode_completion, plan
+from draftwise.events import StepEvent
+from draftwise.metrics import GenerationMetrics
+from draftwise.model import CausalLM
+from draftwise.verify import TokenSource
+
+# The engine says why it stopped; OpenAI has two words for it.
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+def _provenance(event: StepEvent, tokenizer: Any) -> list[s.TokenProvenance]:
+    """Where each token of a step came from, with the probabilities that decided it."""
+    out = []
+    for i, (token, source) in enumerate(zip(event.tokens, event.sources)):
+        item = s.TokenProvenance(id=token, text=tokenizer.decode([token]), source=source.value)
+        if source is TokenSource.ACCEPTED:
+            item.draft_prob, item.target_prob = event.draft_probs[i], event.target_probs[i]
+        elif source is TokenSource.CORRECTED and i < len(event.proposed):
+            item.rejected = s.RejectedDraft(
+                id=event.proposed[i], draft_prob=event.draft_probs[i], target_prob=event.target_probs[i]
+            )
+        out.append(item)
+    return out
+
+
+def _step(event: StepEvent, tokenizer: Any) -> s.StepInfo:
+    """The target pass behind a chunk: every proposal (kept or not) and the step's timings."""
+    proposed = [
+        s.DraftedToken(id=token, text=tokenizer.decode([token]), draft_prob=event.draft_probs[i],
+                       target_prob=event.target_probs[i] if i < len(event.target_probs) else None)
+        for i, token in enumerate(event.proposed)
+    ]
+    return s.StepInfo(index=event.step, k=event.k, proposed=proposed, n_accepted=event.n_accepted,
+                      prefill_seconds=event.prefill_seconds, draft_seconds=event.draft_seconds,
+                      verify_seconds=event.verify_seconds, step_seconds=event.step_seconds)
+
+
+class Transcript:
+    """What a generation produced so far: text, statistics and (if asked) provenance."""
+
+    def __init__(self, request_plan: Plan, tokenizer: Any) -> None:
+        self.plan = request_plan
+        self.tokenizer = tokenizer
+        self.metrics = GenerationMetrics()
+        self.text: list[str] = []
+        self.provenance: list[s.TokenProvenance] = []
+
+    def add(self, event: StepEvent) -> list[s.TokenProvenance] | None:
+        """Take in a step; return its provenance when the request asked for it."""
+        self.metrics.add(event)
+        self.text.append(event.text)
+        if not self.plan.provenance:
+            return None
+        step = _provenance(event, self.tokenizer)
+        self.provenance.extend(step)
+        return step
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH.get(self.metrics.finish_reason or "")
+
+    def usage(self) -> s.Usage:
+        prompt = len(self.plan.prompt)
+        return s.Usage(prompt_tokens=prompt, completion_tokens=self.metrics.new_tokens,
+                       total_tokens=prompt + self.metrics.new_tokens)
+
+    def stats(self) -> dict[str, Any]:
+        return {"drafter": self.plan.drafter, **self.metrics.to_dict()}
+
+
+class _Shape:
+    """How one endpoint dresses the same generation: ids, response and chunk objects."""
+
+    id_prefix = ""
+
+    def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
+        raise NotImplementedError
+
+    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None,
+              first: bool) -> Any:
+        raise NotImplementedError
+
+
+class _CompletionShape(_Shape):
+    id_prefix = "cmpl"
+
+    def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
+        return s.CompletionResponse(
+            id=rid, created=created, model=model,
+            choices=[s.CompletionChoice(text="".join(t.text), finish_reason=t.finish_reason)],
+            usage=t.usage(), speculative=t.stats(), provenance=t.provenance if t.plan.provenance else None,
+        )
+
+    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None,
+              first: bool) -> s.CompletionChunk:
+        choices = [] if text is None else [s.CompletionChoice(text=text, finish_reason=finish)]
+        return s.CompletionChunk(id=rid, created=created, model=model, choices=choices)
+
+
+class _ChatShape(_Shape):
+    id_prefix = "chatcmpl"
+
+    def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
+        return s.ChatCompletionResponse(
+            id=rid, created=created, model=model,
+            choices=[s.ChatChoice(message=s.AssistantMessage(content="".join(t.text)), finish_reason=t.finish_reason)],
+            usage=t.usage(), speculative=t.stats(), provenance=t.provenance if t.plan.provenance else None,
+        )
+
+    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None,
+              first: bool) -> s.ChatCompletionChunk:
+        if text is None:
+            choices = []
+        else:
+            delta = s.ChatDelta(role="assistant" if first else None, content=text if text or first else None)
+            choices = [s.ChatChunkChoice(delta=delta, finish_reason=finish)]
+        return s.ChatCompletionChunk(id=rid, created=created, model=model, choices=choices)
+
+
+def _sse(data: BaseModel | dict[str, Any]) -> str:
+    payload = data.model_dump() if isinstance(data, BaseModel) else data
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class _JobStream(StreamingResponse):
+    """An SSE response that hands its job back however the stream ends (finished, client
+    gone, server stopping), even if the body was never started."""
+
+    def __init__(self, content: AsyncIterator[str], job: Job) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.close("disconnect")
+
+
+def _timed_out(exc: GenerationTimeout) -> APIError:
+    return APIError(504, str(exc), type="timeout_error", code="request_timeout")
+
+
+def _internal(exc: Exception) -> APIError:
+    return APIError(500, f"generation failed: {type(exc).__name__}: {exc}", type="server_error")
+
+
+async def _close_on_disconnect(http: Request, job: Job) -> None:
+    """Cancel a non-streaming job if its client goes away (streams notice through their response).
+
+    The body has been read by then, so the next ASGI message can only be the disconnect.
+    """
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+    job.close("disconnect")
+
+
+class _CountRequests:
+    """ASGI middleware counting requests by endpoint and status (streams included)."""
+
+    def __init__(self, app: Any, metrics: ServerMetrics, endpoints: Callable[[], set[str]]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.endpoints = endpoints
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = scope.get("path", "")
+            self.metrics.requests.labels(path if path in self.endpoints() else "other", str(status)).inc()
+
+
+class _Service:
+    """The request-handling logic behind the routes."""
+
+    def __init__(self, settings: ServerSettings, target: CausalLM, has_draft: bool, pool: WorkerPool,
+                 metrics: ServerMetrics) -> None:
+        self.settings = settings
+        self.tokenizer = target.tokenizer
+        self.vocab_size = target.vocab_size
+        self.context_limit = settings.max_context or getattr(target.config, "max_position_embeddings", None)
+        self.has_draft = has_draft
+        self.pool = pool
+        self.metrics = metrics
+        self.created = int(time.time())
+
+    def check_model(self, name: str) -> None:
+        if name != self.settings.served_model:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves "
+                           f"{self.settings.served_model!r}", type="invalid_request_error", param="model",
+                           code="model_not_found")
+
+    async def generate(self, request: s.GenerationRequest, prompt: list[int], shape: _Shape, http: Request) -> Any:
+        request_plan = plan(request, prompt, self.settings, self.context_limit, self.has_draft)
+        try:
+            job = self.pool.admit()
+        except QueueFull as exc:
+            raise APIError(429, f"the server is busy ({exc}); retry later", type="rate_limit_error",
+                           code="rate_limit_exceeded", headers={"Retry-After": str(self.settings.retry_after)}) from exc
+        self.metrics.prompt_tokens.inc(len(prompt))
+        events = self.pool.run(job, request_plan.prompt, request_plan.config, request_plan.drafter)
+        transcript = Transcript(request_plan, self.tokenizer)
+        rid = f"{shape.id_prefix}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = self.settings.served_model
+        if request.stream:
+            include_usage = request.stream_options is not None and request.stream_options.include_usage
+            return _JobStream(self._stream(events, transcript, shape, rid, created, model, include_usage), job)
+        watcher = asyncio.create_task(_close_on_disconnect(http, job))
+        try:
+            async for event in events:
+                transcript.add(event)
+        except GenerationTimeout as exc:
+            raise _timed_out(exc) from exc
+        except Exception as exc:  # a fault in generation: report it as OpenAI does
+            raise _internal(exc) from exc
+        finally:
+            watcher.cancel()
+            job.close("disconnect")
+        return shape.response(rid, created, model, transcript)
+
+    async def _stream(self, events: AsyncIterator[StepEvent], t: Transcript, shape: _Shape, rid: str,
+                      created: int, model: str, include_usage: bool) -> AsyncIterator[str]:
+        first = True
+        try:
+            async for event in events:
+                provenance = t.add(event)
+                # With provenance every target pass gets its chunk, even one whose tokens a stop cut away.
+                if event.text or provenance is not None or first:
+                    chunk = shape.chunk(rid, created, model, event.text, None, first)
+                    chunk.provenance = provenance
+                    if provenance is not None:
+                        chunk.step = _step(event, self.tokenizer)
+                    yield _sse(chunk)
+                    first = False
+            last = shape.chunk(rid, created, model, "", t.finish_reason, first)
+            last.speculative = t.stats()
+            yield _sse(last)
+            if include_usage:
+                usage = shape.chunk(rid, created, model, None, None, False)
+                usage.usage = t.usage()
+                yield _sse(usage)
+        except GenerationTimeout as exc:
+            yield _sse(_timed_out(exc).payload())
+        except Exception as exc:  # a fault in generation: say so in the stream rather than cut it short
+            yield _sse(_internal(exc).payload())
+        yield "data: [DONE]\n\n"
+
+
+def create_app(settings: ServerSettings, *, target: CausalLM | None = None, draft: CausalLM | None = None,
+               log: Callable[[str], None] | None = None) -> FastAPI:
+    """Build the server. Models are loaded from ``settings`` unless given; given models are
+    only read (each worker wraps their weights with KV caches of its own). ``log`` receives
+    the loader's one-line notes (dtype choice, first-time GGUF conversion)."""
+    from draftwise import __version__
+    from draftwise.loading import load_lm
+
+    if target is None:
+        target = load_lm(settings.target, dtype=settings.dtype, threads=settings.threads, log=log)
+    if draft is None and settings.draft is not None:
+        draft = load_lm(settings.draft, dtype=settings.dtype, threads=settings.threads, log=log)
+    if target.tokenizer is None:
+        raise ValueError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
+
+    metrics = ServerMetrics()
+    pool = WorkerPool(build_workers(target, draft, settings.workers), settings.queue_size,
+                      settings.request_timeout, metrics)
+    service = _Service(settings, target, draft is not None, pool, metrics)
+    completion_shape, chat_shape = _CompletionShape(), _ChatShape()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.close()
+
+    app = FastAPI(
+        title="draftwise",
+        version=__version__,
+        description="OpenAI-compatible text generation with lossless speculative decoding. "
+        "The `speculative` request field picks the drafter and its settings per request.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.pool = pool
+    app.state.metrics = metrics
+    install_handlers(app)
+    app.add_middleware(_CountRequests, metrics=metrics,
+                       endpoints=lambda: {route.path for route in app.routes})  # type: ignore[attr-defined]
+
+    @app.post("/v1/completions", response_model=s.CompletionResponse,
+              responses={400: {"model": s.ErrorResponse}, 429: {"model": s.ErrorResponse}})
+    async def completions(body: s.CompletionRequest, http: Request) -> Any:
+        """Complete a prompt (OpenAI `completions`); `stream: true` answers with SSE chunks."""
+        service.check_model(body.model)
+        prompt = encode_completion(body, service.tokenizer, service.vocab_size)
+        return await service.generate(body, prompt, completion_shape, http)
+
+    @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse,
+              responses={400: {"model": s.ErrorResponse}, 429: {"model": s.ErrorResponse}})
+    async def chat_completions(body: s.ChatCompletionRequest, http: Request) -> Any:
+        """Answer a conversation with the target's chat template (OpenAI `chat.completions`)."""
+        service.check_model(body.model)
+        prompt = encode_chat(body, service.tokenizer)
+        return await service.generate(body, prompt, chat_shape, http)
+
+    def card() -> s.ModelCard:
+        return s.ModelCard(id=settings.served_model, created=service.created)
+
+    @app.get("/v1/models", response_model=s.ModelList)
+    async def models() -> s.ModelList:
+        """The served model."""
+        return s.ModelList(data=[card()])
+
+    @app.get("/v1/models/{model:path}", response_model=s.ModelCard)
+    async def model_info(model: str) -> s.ModelCard:
+        service.check_model(model)
+        return card()
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Liveness and load: workers busy, requests waiting."""
+        return {"status": "ok", "model": settings.served_model, "draft": settings.draft,
+                "drafter": settings.default_drafter, "workers": pool.size, "active": pool.running,
+                "queued": pool.waiting, "queue_size": pool.queue_size}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+

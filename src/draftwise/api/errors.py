@@ -1,0 +1,78 @@
+"""Errors in OpenAI's JSON shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every failure the server reports goes through ``APIError`` or one of the handlers here, so
+clients written for OpenAI read draftwise's errors unchanged. User mistakes are 4xx.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from draftwise.api.schemas import ErrorBody, ErrorResponse
+
+
+class APIError(Exception):
+    """An error for the client, with its HTTP status and OpenAI error fields."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = ErrorBody(message=message, type=type, param=param, code=code)
+        self.headers = headers
+
+    def payload(self) -> dict[str, Any]:
+        return ErrorResponse(error=self.body).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.payload(), status_code=self.status, headers=self.headers)
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    # Drop pydantic's union-branch tags (e.g. "str", "list[int]", "function-after[...]").
+    parts = [p for p in parts if not (p in ("str", "int", "float", "bool") or "[" in p)]
+    return ".".join(parts)
+
+
+def validation_error(errors: list[dict[str, Any]]) -> APIError:
+    """One readable 400 from pydantic's error list: 'field: problem; other.field: problem'."""
+    messages = []
+    for err in errors:
+        where = _location(tuple(err.get("loc", ())))
+        text = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            text = "unknown field (not supported)"
+        messages.append(f"{where}: {text}" if where else text)
+    first = _location(tuple(errors[0].get("loc", ()))) if errors else None
+    return invalid("; ".join(dict.fromkeys(messages)), param=first or None, code="invalid_value")
+
+
+def install_handlers(app: FastAPI) -> None:
+    async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI answers 422 by default; OpenAI answers 400 for a malformed request.
+        return validation_error(list(exc.errors())).response()
+
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), type=kind, headers=getattr(exc, "headers", None)).response()
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

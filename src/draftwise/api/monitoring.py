@@ -1,0 +1,59 @@
+"""Prometheus metrics of one server, in a registry of its own (never the global one), so
+two apps in one process (tests, embedding) never share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from draftwise.events import StepEvent
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("draftwise_requests", "HTTP requests by endpoint and status code",
+                                ["endpoint", "code"], registry=r)
+        self.generations = Counter("draftwise_generations", "finished generations by finish reason "
+                                   "(eos, stop, length, disconnect, timeout, error)", ["finish_reason"], registry=r)
+        self.cancelled = Counter("draftwise_generations_cancelled", "generations stopped early, by reason "
+                                 "(disconnect, timeout)", ["reason"], registry=r)
+        self.rejected = Counter("draftwise_requests_rejected", "requests refused with 429 (queue full)", registry=r)
+        self.prompt_tokens = Counter("draftwise_prompt_tokens", "prompt tokens of admitted requests", registry=r)
+        self.tokens = Counter("draftwise_generated_tokens", "tokens generated (including work a disconnected "
+                              "client never read)", registry=r)
+        self.target_passes = Counter("draftwise_target_passes", "target model forward passes (one per step)",
+                                     registry=r)
+        self.proposed = Counter("draftwise_draft_tokens_proposed", "draft tokens proposed", registry=r)
+        self.accepted = Counter("draftwise_draft_tokens_accepted", "draft tokens the target accepted", registry=r)
+        self.proposed_at = Counter("draftwise_draft_position_proposed", "proposals reaching block position",
+                                   ["position"], registry=r)
+        self.accepted_at = Counter("draftwise_draft_position_accepted", "draft tokens accepted at block position "
+                                   "(acceptance by position = accepted / proposed)", ["position"], registry=r)
+        self.queue_depth = Gauge("draftwise_queue_depth", "admitted requests waiting for a worker", registry=r)
+        self.active = Gauge("draftwise_active_generations", "generations running on a worker", registry=r)
+        self.ttft = Histogram("draftwise_time_to_first_token_seconds", "request arrival to first generated "
+                              "token (queueing and prefill included)", buckets=_LATENCY_BUCKETS, registry=r)
+        self.token_latency = Histogram("draftwise_time_per_output_token_seconds", "step time divided by the "
+                                       "tokens the step emitted, once per token", buckets=_LATENCY_BUCKETS,
+                                       registry=r)
+
+    def observe_step(self, event: StepEvent, since_arrival: float | None) -> None:
+        """Record one engine step; ``since_arrival`` is set on a request's first step (its TTFT)."""
+        self.target_passes.inc()
+        self.tokens.inc(len(event.tokens))
+        self.proposed.inc(len(event.proposed))
+        self.accepted.inc(event.n_accepted)
+        for i in range(len(event.proposed)):
+            self.proposed_at.labels(str(i)).inc()
+            if i < event.n_accepted:
+                self.accepted_at.labels(str(i)).inc()
+        if since_arrival is not None:
+            self.ttft.observe(since_arrival)
+        if event.tokens:
+            per_token = event.step_seconds / len(event.tokens)
+            for _ in event.tokens:
+                self.token_latency.observe(per_token)

@@ -1,0 +1,289 @@
+"""OpenAI-shaped request and response bodies.
+
+Requests reject unknown fields, as OpenAI does, so a misspelt option is a 400 rather than
+silently ignored. The draftwise extension ``speculative`` takes the drafting knobs of
+``DraftConfig`` (its fields are copied from there, not restated) plus the drafter choice and
+the provenance switch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer
+
+from draftwise.api.settings import DrafterName
+from draftwise.config import DraftConfig
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _SpeculativeBase(_Request):
+    drafter: DrafterName | None = Field(None, description="model, ngram or off (plain decoding); None = server default")
+    provenance: bool = Field(
+        False, description="add each token's origin (accepted draft, correction, bonus) and probabilities to the output"
+    )
+
+
+# Every DraftConfig knob, optional here: what a request leaves out comes from the server's defaults.
+SpeculativeOptions = create_model(
+    "SpeculativeOptions",
+    __base__=_SpeculativeBase,
+    __doc__="Per-request speculation settings (a draftwise extension of the OpenAI API).",
+    **{
+        name: (field.annotation | None, Field(None, description=field.description))
+        for name, field in DraftConfig.model_fields.items()
+    },
+)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = Field(False, description="send a last chunk with usage and no choices")
+
+
+class GenerationRequest(_Request):
+    model: str = Field(..., description="the served model id (see GET /v1/models)")
+    max_tokens: int | None = Field(None, ge=1, description="tokens to generate at most; None = server default")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass to keep")
+    stop: str | list[str] | None = Field(None, description="up to 4 strings; the output ends before the first one")
+    # torch generators take 64-bit seeds, and the engine also seeds the drafter with seed + 1.
+    seed: int | None = Field(None, ge=0, le=2**63 - 2, description="seed for reproducible sampling")
+    n: Literal[1] = Field(1, description="only one choice per request is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(0.0, description="only 0 is supported")
+    frequency_penalty: float = Field(0.0, description="only 0 is supported")
+    user: str | None = Field(None, description="ignored")
+    logprobs: bool | int | None = Field(None, description="not supported: leave out, null, false or 0")
+    speculative: SpeculativeOptions | None = None  # type: ignore[valid-type]
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences are allowed")
+        if any(s == "" for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return stops
+
+    @field_validator("logprobs")
+    @classmethod
+    def _check_logprobs(cls, value: bool | int | None) -> None:
+        if value:
+            raise ValueError("logprobs are not supported; per-token probabilities come with speculative.provenance")
+        return None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _check_penalty(cls, value: float) -> float:
+        if value != 0.0:
+            raise ValueError("penalties are not supported (they would change the target distribution); use 0")
+        return value
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[int] | list[str] = Field(
+        ..., description="the prompt text, or its token ids (a list of one text is accepted too)"
+    )
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, value: str | list[int] | list[str]) -> str | list[int]:
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            if len(value) != 1:
+                raise ValueError("batched prompts are not supported: send one prompt per request")
+            value = value[0]
+        if len(value) == 0:
+            raise ValueError("the prompt is empty")
+        if isinstance(value, list) and min(value) < 0:
+            raise ValueError("token ids must not be negative")
+        return value
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(..., min_length=1, description="the conversation so far")
+    max_completion_tokens: int | None = Field(None, ge=1, description="newer name of max_tokens; wins over it")
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class RejectedDraft(BaseModel):
+    id: int
+    draft_prob: float
+    target_prob: float
+
+
+class TokenProvenance(BaseModel):
+    id: int
+    text: str
+    source: Literal["accepted", "corrected", "bonus"]
+    draft_prob: float | None = Field(None, description="q(token) for an accepted draft token")
+    target_prob: float | None = Field(None, description="p(token) for an accepted draft token")
+    rejected: RejectedDraft | None = Field(None, description="the draft token a correction replaced")
+
+
+class DraftedToken(BaseModel):
+    id: int
+    text: str
+    draft_prob: float = Field(..., description="q(token) under the drafter (1 for a deterministic drafter)")
+    target_prob: float | None = Field(None, description="p(token) under the target at that position")
+
+
+class StepInfo(BaseModel):
+    """One target pass, streamed with provenance: what was drafted, what was kept, what it cost."""
+
+    index: int = Field(..., description="0-based target pass")
+    k: int = Field(..., description="draft length the k policy asked for")
+    proposed: list[DraftedToken] = Field(
+        ..., description="every proposed token in order; the first n_accepted were kept"
+    )
+    n_accepted: int
+    prefill_seconds: float
+    draft_seconds: float
+    verify_seconds: float
+    step_seconds: float
+
+
+_STATS_DOC = (
+    "speculation statistics of this generation: drafter, acceptance_rate, mean_accepted_length, "
+    "target_passes, proposed, accepted, acceptance_by_position, timings"
+)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    speculative: dict[str, Any] | None = Field(None, description=_STATS_DOC)
+    provenance: list[TokenProvenance] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    speculative: dict[str, Any] | None = Field(None, description=_STATS_DOC)
+    provenance: list[TokenProvenance] | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: Any) -> dict[str, Any]:
+        # OpenAI deltas carry only the keys that changed.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    speculative: dict[str, Any] | None = None
+    provenance: list[TokenProvenance] | None = None
+    step: StepInfo | None = Field(None, description="the target pass of this chunk (with provenance)")
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    speculative: dict[str, Any] | None = None
+    provenance: list[TokenProvenance] | None = None
+    step: StepInfo | None = Field(None, description="the target pass of this chunk (with provenance)")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "draftwise"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,61 @@
+"""Server settings: one typed object, from which ``draftwise serve`` and ``create_app`` work.
+
+Request defaults (length, drafting) are a ``GenerationConfig``, the same object the engine
+takes, so the server never keeps a second copy of those knobs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from draftwise.config import GenerationConfig
+
+DrafterName = Literal["model", "ngram", "off"]
+
+
+class ServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: str = Field(..., description="target model source (registry name, folder, .gguf file, tiny:SEED)")
+    draft: str | None = Field(None, description="draft model source; needed for the 'model' drafter")
+    drafter: DrafterName | None = Field(
+        None, description="default drafter of requests: model, ngram or off; None = model if a draft is loaded, else ngram"
+    )
+    model_name: str | None = Field(None, description="model id shown in /v1/models and expected in requests; None = target")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="weights dtype; auto = what this CPU runs fastest"
+    )
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch's default")
+    host: str = Field("127.0.0.1", description="address to bind; loopback unless told otherwise")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on")
+    workers: int = Field(
+        1, ge=1, le=64,
+        description="generations run at once; each worker has its own KV caches over the shared weights",
+    )
+    queue_size: int = Field(8, ge=0, le=10_000, description="requests that may wait for a worker; more get 429")
+    request_timeout: float = Field(300.0, gt=0, description="seconds a request may take, queueing included")
+    retry_after: int = Field(1, ge=0, description="seconds suggested to rejected clients in Retry-After")
+    max_context: int | None = Field(
+        None, ge=2, description="prompt + completion tokens allowed; None = the target's max_position_embeddings"
+    )
+    generation: GenerationConfig = Field(
+        GenerationConfig(), description="request defaults: max_new_tokens is the default max_tokens, draft the default speculation"
+    )
+
+    @model_validator(mode="after")
+    def _check_drafter(self) -> ServerSettings:
+        if self.drafter == "model" and self.draft is None:
+            raise ValueError("drafter 'model' needs a draft model (--draft MODEL)")
+        return self
+
+    @property
+    def default_drafter(self) -> DrafterName:
+        if self.drafter is not None:
+            return self.drafter
+        return "model" if self.draft is not None else "ngram"
+
+    @property
+    def served_model(self) -> str:
+        return self.model_name or self.target

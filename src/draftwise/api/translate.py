@@ -1,0 +1,107 @@
+"""From OpenAI requests to the engine's inputs: prompt token ids and a ``GenerationConfig``.
+
+Every value is validated by the engine's own config classes; their complaints come back to
+the client as a 400 that names the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from draftwise.api.errors import APIError, invalid, validation_error
+from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from draftwise.api.settings import DrafterName, ServerSettings
+from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the engine will be asked to do for one request."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    drafter: DrafterName
+    provenance: bool
+
+
+def encode_completion(request: CompletionRequest, tokenizer: Any, vocab_size: int) -> list[int]:
+    if isinstance(request.prompt, str):
+        return tokenizer.encode(request.prompt)
+    if max(request.prompt) >= vocab_size:
+        raise invalid(f"token id {max(request.prompt)} is outside the vocabulary (size {vocab_size})", param="prompt")
+    return list(request.prompt)
+
+
+def _fallback_chat(messages: list[dict[str, str]]) -> str:
+    """A plain transcript for tokenizers without a chat template (base and test models)."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def encode_chat(request: ChatCompletionRequest, tokenizer: Any) -> list[int]:
+    from jinja2 import TemplateError
+
+    # Older templates know no "developer" role; it is OpenAI's new name for "system".
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in request.messages]
+    if not getattr(tokenizer, "chat_template", None):
+        return tokenizer.encode(_fallback_chat(messages))
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except TemplateError as exc:
+        raise invalid(f"the model's chat template rejected the messages: {exc}", param="messages") from exc
+    # The template already wrote any special tokens (e.g. BOS) into the text.
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _validated(cls: type, data: dict[str, Any], prefix: tuple[str, ...]) -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        errors = [{**e, "loc": prefix + tuple(e.get("loc", ()))} for e in exc.errors()]
+        raise validation_error(errors) from exc
+
+
+def plan(request: GenerationRequest, prompt: list[int], settings: ServerSettings, context_limit: int | None,
+         has_draft: bool) -> Plan:
+    """Check the request against the server and build the engine's config."""
+    if not prompt:
+        raise invalid("the prompt is empty", param="prompt")
+    defaults = settings.generation
+    max_new = request.max_new_tokens
+    if context_limit is not None:
+        room = context_limit - len(prompt)
+        if room < 1 or (max_new is not None and max_new > room):
+            asked = max_new if max_new is not None else 1
+            raise APIError(
+                400,
+                f"this model's maximum context length is {context_limit} tokens, but the request needs "
+                f"{len(prompt) + asked} ({len(prompt)} in the prompt, {asked} for the completion)",
+                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+                code="context_length_exceeded",
+            )
+        if max_new is None:
+            max_new = min(defaults.max_new_tokens, room)
+    max_new = max_new or defaults.max_new_tokens
+
+    options = request.speculative
+    drafter: DrafterName = (options.drafter if options is not None else None) or settings.default_drafter
+    if drafter == "model" and not has_draft:
+        raise invalid("this server has no draft model; use drafter 'ngram' or 'off'", param="speculative.drafter")
+    overrides = {} if options is None else options.model_dump(exclude={"drafter", "provenance"}, exclude_none=True)
+    draft = _validated(DraftConfig, {**defaults.draft.model_dump(), **overrides}, ("speculative",))
+    sampling = _validated(
+        SamplingConfig,
+        {**defaults.sampling.model_dump(), "temperature": request.temperature, "top_p": request.top_p,
+         "seed": request.seed},
+        (),
+    )
+    config = _validated(
+        GenerationConfig,
+        {**defaults.model_dump(), "max_new_tokens": max_new, "stop": tuple(request.stop or ()),
+         "sampling": sampling, "draft": draft},
+        (),
+    )
+    return Plan(prompt=prompt, config=config, drafter=drafter,
+                provenance=options is not None and options.provenance)

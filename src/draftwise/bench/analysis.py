@@ -1,0 +1,195 @@
+"""From per-prompt records to per-subtask and overall statistics: pure functions on data.
+
+Definitions (the report repeats them):
+
+* tokens/s of a prompt: its new tokens over its wall time, all turns together; a method's
+  tokens/s is the mean over prompts, and its speedup is that mean over the baseline's mean
+  on the same prompts (Spec-Bench's definition).
+* per-token latency: the time between two deliveries of tokens divided by the tokens
+  delivered; the first delivery is the time to first token and is reported apart.
+* mean accepted length: tokens per target pass (accepted draft tokens + the target's own).
+* alpha: the per-token acceptance probability, estimated as accepted / (accepted +
+  rejections), and c: the time of one drafted token over the time of one plain target pass
+  (the baseline's), give Leviathan et al.'s predicted speedup for the draft lengths used.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from statistics import mean
+from typing import Any
+
+import numpy as np
+
+from draftwise.bench.audit import audit_prompt
+from draftwise.bench.config import REFERENCE
+from draftwise.bench.dataset import Prompt, subtask_order
+from draftwise.bench.store import Record
+from draftwise.policies import expected_speedup
+
+OVERALL = "overall"
+Complete = dict[tuple[str, str], list[Record]]  # (method, prompt id) -> records ordered by turn
+
+
+def token_latencies(record: Record) -> list[float]:
+    """Per-token latency of every token after the first delivery (seconds)."""
+    latencies: list[float] = []
+    arrivals = record["arrivals"]
+    for i in range(1, len(arrivals)):
+        n = record["step_tokens"][i]
+        if n:
+            latencies.extend([(arrivals[i] - arrivals[i - 1]) / n] * n)
+    return latencies
+
+
+def prompt_rate(turns: Sequence[Record]) -> float:
+    """tokens/s of one prompt, all turns together."""
+    seconds = sum(r["wall_seconds"] for r in turns)
+    return sum(r["new_tokens"] for r in turns) / seconds if seconds > 0 else 0.0
+
+
+def complete_prompts(records: Sequence[Record], prompts: Sequence[Prompt]) -> Complete:
+    """Records of every (method, prompt) whose turns have all finished."""
+    n_turns = {p.id: len(p.turns) for p in prompts}
+    by: dict[tuple[str, str], dict[int, Record]] = defaultdict(dict)
+    for r in records:
+        if r["prompt_id"] in n_turns:
+            by[(r["method"], r["prompt_id"])][r["turn"]] = r
+    return {key: [turns[t] for t in range(n_turns[key[1]])] for key, turns in by.items()
+            if all(t in turns for t in range(n_turns[key[1]]))}
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _acceptance_by_position(records: Sequence[Record]) -> list[float]:
+    proposed_at: Counter[int] = Counter()
+    accepted_at: Counter[int] = Counter()
+    for r in records:
+        for p, a in zip(r["steps"]["proposed"], r["steps"]["accepted"]):
+            proposed_at.update(range(int(p)))
+            accepted_at.update(range(int(a)))
+    return [accepted_at[i] / proposed_at[i] for i in range(len(proposed_at))]
+
+
+def _target_pass_seconds(records: Sequence[Record]) -> float | None:
+    """Mean time of one plain target pass, from baseline records."""
+    passes = sum(len(r["steps"]["verify_s"]) for r in records)
+    return sum(sum(r["steps"]["verify_s"]) for r in records) / passes if passes else None
+
+
+def predicted_speedup(alpha: float, draft_lengths: Sequence[int], cost_ratio: float) -> float:
+    """Leviathan et al.'s expected speedup, summed over the steps actually taken.
+
+    A step that drafts k tokens is expected to emit ``expected_speedup(alpha, k, 0)`` tokens
+    (with zero draft cost the formula is the expected token count) and to cost ``1 + k c``
+    plain target passes; a step with k = 0 emits one token for one pass.
+    """
+    tokens = sum(expected_speedup(alpha, int(k), 0.0) for k in draft_lengths)
+    cost = sum(1.0 + int(k) * cost_ratio for k in draft_lengths)
+    return tokens / cost if cost else 1.0
+
+
+def _speculation_stats(records: Sequence[Record], baseline: Sequence[Record]) -> dict[str, Any]:
+    steps = [r["steps"] for r in records]
+    proposed = sum(sum(s["proposed"]) for s in steps)
+    accepted = sum(sum(s["accepted"]) for s in steps)
+    rejections = sum(1 for s in steps for p, a in zip(s["proposed"], s["accepted"]) if a < p)
+    stats: dict[str, Any] = {
+        "proposed": proposed,
+        "accepted": accepted,
+        "acceptance_rate": accepted / proposed if proposed else None,
+        "acceptance_by_position": _acceptance_by_position(records),
+        "alpha": accepted / (accepted + rejections) if accepted + rejections else None,
+        "cost_ratio": None,
+        "predicted_speedup": None,
+    }
+    pass_seconds = _target_pass_seconds(baseline)
+    if proposed and pass_seconds:
+        draft_seconds = sum(sum(s["draft_s"]) for s in steps)
+        stats["cost_ratio"] = (draft_seconds / proposed) / pass_seconds
+        lengths = [int(p) for s in steps for p in s["proposed"]]
+        stats["predicted_speedup"] = predicted_speedup(stats["alpha"], lengths, stats["cost_ratio"])
+    return stats
+
+
+def _time_split(records: Sequence[Record]) -> dict[str, float]:
+    split = {"wall": sum(r["wall_seconds"] for r in records)}
+    if all(r.get("metrics") for r in records):
+        for part in ("prefill", "draft", "verify", "other"):
+            split[part] = sum(r["metrics"][f"{part}_seconds"] for r in records)
+        split["rollback"] = sum(r["rollback_seconds"] or 0.0 for r in records)
+    return split
+
+
+def method_stats(method: str, prompt_ids: Sequence[str], complete: Complete, greedy: bool) -> dict[str, Any]:
+    mine = [pid for pid in prompt_ids if (method, pid) in complete]
+    paired = [pid for pid in mine if (REFERENCE, pid) in complete]
+    records = [r for pid in mine for r in complete[(method, pid)]]
+    if not records:
+        return {"prompts": 0}
+    tokens = sum(r["new_tokens"] for r in records)
+    passes = sum(len(r["step_tokens"]) for r in records)
+    latencies = [x for r in records for x in token_latencies(r)]
+    perplexities = [r["perplexity"] for r in records if r.get("perplexity") is not None]
+    stats: dict[str, Any] = {
+        "prompts": len(mine),
+        "turns": len(records),
+        "tokens": tokens,
+        "tokens_per_second": mean(prompt_rate(complete[(method, pid)]) for pid in mine),
+        "speedup": None,
+        "ttft_seconds": mean(r["ttft_seconds"] for r in records if r["ttft_seconds"] is not None)
+        if any(r["ttft_seconds"] is not None for r in records) else None,
+        "latency_p50_ms": None if not latencies else 1000 * percentile(latencies, 50),
+        "latency_p95_ms": None if not latencies else 1000 * percentile(latencies, 95),
+        "target_passes": passes,
+        "mean_accepted_length": tokens / passes if passes else None,
+        "passes_per_token": passes / tokens if tokens else None,
+        "tokens_per_pass_histogram": dict(sorted(Counter(n for r in records for n in r["step_tokens"]).items())),
+        "perplexity": mean(perplexities) if perplexities else None,
+        "time": _time_split(records),
+        "identical": None,
+        "compared": None,
+    }
+    if paired:
+        reference = mean(prompt_rate(complete[(REFERENCE, pid)]) for pid in paired)
+        own = mean(prompt_rate(complete[(method, pid)]) for pid in paired)
+        stats["speedup"] = own / reference if reference > 0 else None
+        if greedy:
+            stats["compared"] = len(paired)
+            stats["identical"] = sum(
+                audit_prompt(complete[(REFERENCE, pid)], complete[(method, pid)]) is None for pid in paired
+            )
+    has_drafts = all(r.get("steps") for r in records) and any(sum(r["steps"]["proposed"]) for r in records)
+    baseline = [r for pid in paired for r in complete[(REFERENCE, pid)]]
+    if has_drafts:
+        stats.update(_speculation_stats(records, baseline))
+        if stats["speedup"] and stats["predicted_speedup"]:
+            stats["efficiency"] = stats["speedup"] / stats["predicted_speedup"]
+    return stats
+
+
+def mismatches(method: str, prompt_ids: Sequence[str], complete: Complete) -> list[dict[str, Any]]:
+    found = []
+    for pid in prompt_ids:
+        if (method, pid) in complete and (REFERENCE, pid) in complete:
+            diff = audit_prompt(complete[(REFERENCE, pid)], complete[(method, pid)])
+            if diff is not None:
+                found.append(diff)
+    return found
+
+
+def summarize(records: Sequence[Record], prompts: Sequence[Prompt], methods: Sequence[str],
+              greedy: bool) -> dict[str, Any]:
+    """Statistics per subtask and overall, per method, plus the losslessness audit."""
+    complete = complete_prompts(records, prompts)
+    groups = {OVERALL: [p.id for p in prompts]}
+    for subtask in subtask_order(prompts):
+        groups[subtask] = [p.id for p in prompts if p.subtask == subtask]
+    return {
+        "groups": {g: {m: method_stats(m, ids, complete, greedy) for m in methods} for g, ids in groups.items()},
+        "mismatches": {m: mismatches(m, groups[OVERALL], complete) for m in methods if m != REFERENCE}
+        if greedy else {},
+    }

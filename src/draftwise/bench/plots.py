@@ -1,0 +1,95 @@
+"""PNG plots of a bench run (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from draftwise.bench.analysis import OVERALL
+from draftwise.bench.config import METHODS, REFERENCE
+from draftwise.bench.store import Record
+
+
+def _color(method: str) -> str:
+    """The same colour for a method in every plot."""
+    return f"C{METHODS.index(method)}" if method in METHODS else "gray"
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_speedup(path: Path, groups: dict[str, dict[str, dict[str, Any]]], methods: Sequence[str]) -> None:
+    plt = _pyplot()
+    names = [g for g in groups if g != OVERALL] + [OVERALL]
+    others = [m for m in methods if m != REFERENCE]
+    width = 0.8 / max(1, len(others))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(names)), 4.0))
+    for i, m in enumerate(others):
+        values = [groups[g][m].get("speedup") or 0.0 for g in names]
+        ax.bar([x + (i - (len(others) - 1) / 2) * width for x in range(len(names))], values, width, label=m,
+               color=_color(m))
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("speedup over baseline (x)")
+    ax.set_title("Speedup per subtask")
+    if others:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_accepted_length(path: Path, overall: dict[str, dict[str, Any]], methods: Sequence[str]) -> None:
+    plt = _pyplot()
+    # Plain decoding (either implementation) always emits one token per pass: nothing to show.
+    shown = [m for m in methods if m not in (REFERENCE, "hf-baseline") and overall[m].get("tokens_per_pass_histogram")]
+    longest = max((max(overall[m]["tokens_per_pass_histogram"]) for m in shown), default=1)
+    width = 0.8 / max(1, len(shown))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * longest + 2), 4.0))
+    for i, m in enumerate(shown):
+        hist = overall[m]["tokens_per_pass_histogram"]
+        total = sum(hist.values())
+        xs = range(1, longest + 1)
+        ax.bar([x + (i - (len(shown) - 1) / 2) * width for x in xs], [hist.get(x, 0) / total for x in xs], width,
+               label=m, color=_color(m))
+    ax.set_xlabel("tokens per target pass (accepted + 1)")
+    ax.set_ylabel("share of target passes")
+    ax.set_title("Accepted length")
+    if shown:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_rate_over_run(path: Path, records: Sequence[Record], methods: Sequence[str]) -> None:
+    plt = _pyplot()
+    ordered = sorted(records, key=lambda r: r["finished_at"])
+    fig, ax = plt.subplots(figsize=(8.0, 4.0))
+    for m in methods:
+        points = [(i, r["tokens_per_second"]) for i, r in enumerate(ordered) if r["method"] == m]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", linewidth=0.8, label=m,
+                    color=_color(m))
+    ax.set_xlabel("result number (run order)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("tokens/s over the run")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_plots(out: Path, summary: dict[str, Any], records: Sequence[Record], methods: Sequence[str]) -> list[Path]:
+    paths = [out / "speedup.png", out / "accepted_length.png", out / "tokens_per_second.png"]
+    plot_speedup(paths[0], summary["groups"], methods)
+    plot_accepted_length(paths[1], summary["groups"][OVERALL], methods)
+    plot_rate_over_run(paths[2], records, methods)
+    return paths

@@ -1,0 +1,238 @@
+"""The bench's Markdown report and its machine-readable twin, ``summary.json``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from draftwise.bench.analysis import OVERALL
+from draftwise.bench.audit import NEAR_TIE
+from draftwise.bench.config import REFERENCE, BenchConfig
+from draftwise.bench.dataset import Prompt, subtask_order
+from draftwise.bench.methods import HF_SCHEDULE
+from draftwise.bench.store import Record
+
+REPORT = "report.md"
+SUMMARY = "summary.json"
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    from draftwise import __version__
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "draftwise": __version__,
+    }
+
+
+def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:{spec}}{suffix}"
+
+
+def _chat_line(records: Sequence[Record], config: BenchConfig) -> str:
+    used = {r.get("chat_template") for r in records}
+    if not config.chat_template:
+        return "prompts as plain text (chat template disabled with --no-chat)"
+    if used == {True}:
+        return "every turn is wrapped in the target's chat template (user/assistant messages)"
+    if used == {False}:
+        return "prompts as plain text: the target has no chat template (turns joined by blank lines)"
+    return "mixed (results from runs with and without the chat template)"
+
+
+def _decoding_line(config: BenchConfig) -> str:
+    s = config.generation.sampling
+    if s.greedy:
+        return "greedy"
+    return f"sampling: temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, seed {s.seed} (per prompt)"
+
+
+def _overall_table(stats: dict[str, dict[str, Any]], methods: Sequence[str], greedy: bool) -> list[str]:
+    head = ("| method | prompts | tokens/s | speedup | predicted | measured/predicted | TTFT s | latency p50 ms "
+            "| latency p95 ms | acceptance | mean accepted length | passes/token | identical to baseline | PPL |")
+    columns = head.count("|") - 1
+    lines = [head, "|" + "---|" * columns]
+    for m in methods:
+        s = stats[m]
+        if not s.get("prompts"):
+            lines.append(f"| {m} | 0 |" + " n/a |" * (columns - 2))
+            continue
+        identical = "n/a"
+        if greedy and m != REFERENCE and s.get("compared"):
+            identical = f"{s['identical']}/{s['compared']}"
+        elif m == REFERENCE:
+            identical = "(reference)"
+        lines.append(
+            f"| {m} | {s['prompts']} | {_fmt(s['tokens_per_second'], '.1f')} | {_fmt(s['speedup'], '.2f', 'x')} "
+            f"| {_fmt(s.get('predicted_speedup'), '.2f', 'x')} | {_fmt(s.get('efficiency'), '.2f')} "
+            f"| {_fmt(s['ttft_seconds'], '.3f')} | {_fmt(s['latency_p50_ms'], '.1f')} "
+            f"| {_fmt(s['latency_p95_ms'], '.1f')} | {_fmt(s.get('acceptance_rate'), '.2f')} "
+            f"| {_fmt(s['mean_accepted_length'], '.2f')} | {_fmt(s['passes_per_token'], '.2f')} "
+            f"| {identical} | {_fmt(s['perplexity'], '.2f')} |"
+        )
+    return lines
+
+
+def _speedup_matrix(groups: dict[str, dict[str, dict[str, Any]]], methods: Sequence[str]) -> list[str]:
+    names = [g for g in groups if g != OVERALL] + [OVERALL]
+    lines = ["| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for m in methods:
+        cells = [_fmt(groups[g][m].get("speedup"), ".2f", "x") for g in names]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _position_table(stats: dict[str, dict[str, Any]], methods: Sequence[str]) -> list[str]:
+    rows = [(m, stats[m]["acceptance_by_position"]) for m in methods if stats[m].get("acceptance_by_position")]
+    if not rows:
+        return ["No draftwise drafter proposed any token."]
+    width = max(len(r) for _, r in rows)
+    lines = ["| method | " + " | ".join(str(i + 1) for i in range(width)) + " |", "|---|" + "---|" * width]
+    for m, rates in rows:
+        lines.append(f"| {m} | " + " | ".join(f"{x:.2f}" for x in rates) + " |" + " |" * (width - len(rates)))
+    return lines
+
+
+def _time_table(stats: dict[str, dict[str, Any]], methods: Sequence[str]) -> list[str]:
+    lines = ["| method | wall s | prefill | draft | verify | of which cache rollback | loop overhead |",
+             "|---|---|---|---|---|---|---|"]
+    for m in methods:
+        t = stats[m].get("time")
+        if not t:
+            continue
+        if "verify" not in t:
+            lines.append(f"| {m} | {t['wall']:.1f} | inside transformers' generate: not split | | | | |")
+            continue
+        wall = t["wall"] or 1.0
+        cells = [f"{t[p]:.1f} ({100 * t[p] / wall:.0f}%)" for p in ("prefill", "draft", "verify", "rollback", "other")]
+        lines.append(f"| {m} | {t['wall']:.1f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _audit_section(summary: dict[str, Any], methods: Sequence[str], greedy: bool) -> list[str]:
+    if not greedy:
+        return ["Sampling run: outputs are not expected to be token-identical; see perplexity above."]
+    overall = summary["groups"][OVERALL]
+    lines = ["Share of prompts whose every turn is token-identical to `baseline` (greedy):", ""]
+    for m in methods:
+        if m == REFERENCE or not overall[m].get("compared"):
+            continue
+        s = overall[m]
+        lines.append(f"- `{m}`: {s['identical']}/{s['compared']} ({100 * s['identical'] / s['compared']:.0f}%)")
+    rows = [(m, x) for m in methods for x in summary["mismatches"].get(m, [])]
+    lines.append("")
+    if not rows:
+        lines.append("No mismatches.")
+        return lines
+    lines += [f"Mismatches: first differing token, and the target's top-2 probability gap there (computed "
+              f"by a fresh target pass on the baseline prefix). A gap below {NEAR_TIE} is a near-tie that "
+              "float rounding in a different matmul shape can flip; a larger gap needs investigating.", "",
+              "| method | prompt | subtask | turn | position | baseline token | method token | top-2 gap | verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for m, x in rows:
+        verdict = "near-tie" if x["near_tie"] else ("investigate" if x["top2_gap"] is not None else "length differs")
+        lines.append(f"| {m} | {x['prompt_id']} | {x['subtask']} | {x['turn'] + 1} | {x['position']} "
+                     f"| {x['reference_token']} | {x['method_token']} | {_fmt(x['top2_gap'], '.3g')} | {verdict} |")
+    return lines
+
+
+def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt], records: Sequence[Record],
+           machine: dict[str, Any], command: str | None, plots: Sequence[str]) -> str:
+    methods = list(config.methods)
+    greedy = config.generation.sampling.greedy
+    d = config.generation.draft
+    counts = {s: sum(p.subtask == s for p in prompts) for s in subtask_order(prompts)}
+    groups = summary["groups"]
+    lines = [
+        "# draftwise bench",
+        "",
+        f"- date: {summary['date']}",
+        f"- command: `{command}`" if command else "- command: (library call)",
+        f"- machine: {machine['cpu']}, {machine['cores']} cores, torch threads {machine['torch_threads']}; "
+        f"{machine['platform']}; torch {machine['torch']}, transformers {machine['transformers']}, "
+        f"draftwise {machine['draftwise']}",
+        f"- target `{config.target}`, draft `{config.draft}`, dtype `{config.dtype}`, "
+        f"max new tokens {config.generation.max_new_tokens}, {_decoding_line(config)}",
+        f"- drafting: k policy `{d.k_policy}`, k {d.k}, k_max {d.k_max}, confidence threshold "
+        f"{d.confidence_threshold}, n-gram {d.ngram_min}..{d.ngram_max}; transformers: "
+        f"`num_assistant_tokens={max(1, d.k)}` with schedule `{HF_SCHEDULE[d.k_policy]}`, "
+        f"`assistant_confidence_threshold={d.confidence_threshold}`, `prompt_lookup_num_tokens={max(1, d.k)}`, "
+        f"`max_matching_ngram_size={d.ngram_max}`",
+        f"- prompts: {len(prompts)} ({sum(len(p.turns) for p in prompts)} turns) from `{config.data}`: "
+        + ", ".join(f"{s} {n}" for s, n in counts.items()),
+        f"- prompt format: {_chat_line(records, config)}",
+        f"- methods run in one process on the same prompts, order rotated per prompt"
+        f"{', after an untimed warm-up' if config.warmup else ''}; results hash `{summary['config_hash']}`",
+        "",
+        "## Overall",
+        "",
+        *_overall_table(groups[OVERALL], methods, greedy),
+        "",
+        "## Speedup over `baseline` per subtask",
+        "",
+        *_speedup_matrix(groups, methods),
+        "",
+    ]
+    for name, stats in groups.items():
+        if name == OVERALL:
+            continue
+        lines += [f"## {name}", "", *_overall_table(stats, methods, greedy), ""]
+    lines += [
+        "## Acceptance by block position (overall)", "", *_position_table(groups[OVERALL], methods), "",
+        "## Where the time goes (overall, seconds and share of wall time)", "",
+        *_time_table(groups[OVERALL], methods), "",
+        "Cache rollback is timed inside draft and verify; loop overhead is each step's time outside the "
+        "two models (policy, bookkeeping, detokenising).", "",
+        "## Losslessness audit", "", *_audit_section(summary, methods, greedy), "",
+    ]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
+    lines += [
+        "## Definitions", "",
+        "- tokens/s: a prompt's new tokens (all turns) over its wall time, prefill included; the mean over "
+        "prompts. Speedup: that mean over `baseline`'s mean on the same prompts (Spec-Bench's definition).",
+        "- TTFT: time to the first delivered token (prefill + first step). Per-token latency: time between "
+        "deliveries divided by the tokens delivered, pooled over all tokens after the first delivery.",
+        "- acceptance: accepted / proposed draft tokens (draftwise methods only: transformers does not "
+        "report proposals). Mean accepted length: tokens per target pass. passes/token: its inverse.",
+        "- predicted: Leviathan et al.'s expected speedup from alpha = accepted / (accepted + rejections) and "
+        "c = drafting time per draft token / plain target pass time (baseline), summed over the draft lengths "
+        "actually used; measured/predicted below 1 is the engine's own overhead.",
+        "- PPL: perplexity of the method's output under the target (one fresh target pass, untimed).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(out: Path, summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt],
+                 records: Sequence[Record], command: str | None, plots: Sequence[str]) -> Path:
+    machine = machine_info()
+    summary = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+               "config_hash": config.results_hash(), "command": command, "machine": machine,
+               "config": config.model_dump(mode="json"), "plots": [Path(p).name for p in plots], **summary}
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    path = out / REPORT
+    path.write_text(render(summary, config, prompts, records, machine, command, plots), encoding="utf-8")
+    return path

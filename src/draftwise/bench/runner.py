@@ -1,0 +1,248 @@
+"""Run the bench: every method on the same prompts, interleaved, results saved as they come.
+
+For prompt i the methods run in the configured order rotated by i, so slow drift in the
+machine's speed (thermal, other processes) hits every method alike. Multi-turn prompts feed
+each method its own earlier answers, as Spec-Bench does.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from draftwise.bench.analysis import percentile, summarize, token_latencies
+from draftwise.bench.audit import score_output
+from draftwise.bench.config import REFERENCE, BenchConfig
+from draftwise.bench.dataset import Prompt, load_prompts
+from draftwise.bench.methods import Method, Trace, build_methods
+from draftwise.bench.store import Record, ResultStore, record_key
+from draftwise.config import GenerationConfig
+from draftwise.model import CausalLM
+
+RESULTS = "results.jsonl"
+WARMUP_TOKENS = 8
+
+
+class BenchError(ValueError):
+    """A bench setting that cannot work; the message says why."""
+
+
+class PromptBuilder:
+    """Turns a conversation so far into prompt token ids.
+
+    With a chat template (and ``use_chat``), the turns and the model's answers become user
+    and assistant messages; without one the texts are joined by blank lines.
+    """
+
+    def __init__(self, tokenizer: Any, use_chat: bool) -> None:
+        self.tokenizer = tokenizer
+        self.chat = bool(use_chat and getattr(tokenizer, "chat_template", None))
+
+    def ids(self, turns: Sequence[str], answers: Sequence[str]) -> list[int]:
+        if self.chat:
+            messages = []
+            for i, turn in enumerate(turns):
+                messages.append({"role": "user", "content": turn})
+                if i < len(answers):
+                    messages.append({"role": "assistant", "content": answers[i]})
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        parts = [x for pair in zip(turns, [*answers, ""]) for x in pair if x]
+        return list(self.tokenizer.encode("\n\n".join(parts)))
+
+
+def sampling_seed(base: int | None, prompt_id: str, turn: int) -> int | None:
+    """A per-prompt seed derived from the configured one, so results do not depend on which
+    other prompts were selected; every method gets the same seed on the same prompt."""
+    return None if base is None else base + zlib.crc32(f"{prompt_id}/{turn}".encode())
+
+
+@dataclass
+class _Live:
+    """Running tokens/s per method, for the progress bar."""
+
+    rates: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, record: Record) -> None:
+        self.rates[record["method"]].append(record["tokens_per_second"])
+
+    def describe(self, methods: Sequence[str]) -> str:
+        ref = mean(self.rates[REFERENCE]) if self.rates.get(REFERENCE) else 0.0
+        parts = [f"{m} {mean(self.rates[m]) / ref:.2f}x" for m in methods
+                 if m != REFERENCE and self.rates.get(m) and ref > 0]
+        return " | ".join(parts)
+
+
+def _record(trace: Trace, prompt: Prompt, turn: int, method: str, position: int, config_hash: str,
+            prompt_ids: Sequence[int], text: str, perplexity: float | None, gaps: list[float]) -> Record:
+    record: Record = {
+        "key": record_key(prompt.id, turn, method, config_hash),
+        "config_hash": config_hash,
+        "prompt_id": prompt.id,
+        "subtask": prompt.subtask,
+        "category": prompt.category,
+        "turn": turn,
+        "method": method,
+        "run_position": position,
+        "finished_at": time.time(),
+        "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(trace.tokens),
+        "tokens": trace.tokens,
+        "text": text,
+        "finish_reason": trace.finish_reason,
+        "wall_seconds": trace.wall_seconds,
+        "tokens_per_second": len(trace.tokens) / trace.wall_seconds if trace.wall_seconds > 0 else 0.0,
+        "ttft_seconds": trace.arrivals[0] if trace.arrivals else None,
+        "arrivals": trace.arrivals,
+        "step_tokens": trace.step_tokens,
+        "steps": trace.steps,
+        "metrics": trace.metrics,
+        "rollback_seconds": trace.rollback_seconds,
+        "perplexity": perplexity,
+        # Only the reference's gaps are needed: the audit looks them up at the first mismatch.
+        "top2_gaps": [round(g, 5) for g in gaps] if method == REFERENCE else None,
+    }
+    latencies = token_latencies(record)
+    record["latency_p50_s"] = percentile(latencies, 50)
+    record["latency_p95_s"] = percentile(latencies, 95)
+    return record
+
+
+class Bench:
+    """One bench run over a configuration; ``run`` measures, ``summary`` analyses."""
+
+    def __init__(self, config: BenchConfig) -> None:
+        if config.generation.stop or config.generation.ignore_eos:
+            raise BenchError("the bench compares against transformers' generate, which has no equivalent of "
+                             "stop strings or ignore_eos: leave them unset")
+        self.config = config
+        self.prompts = load_prompts(config.data, config.subtasks, config.limit)
+        self.config_hash = config.results_hash()
+        self.store = ResultStore(config.out / RESULTS)
+
+    def pending(self) -> int:
+        """Units (prompt, turn, method) not yet in the results file."""
+        return sum(
+            self.store.get(record_key(p.id, t, m, self.config_hash)) is None
+            for p in self.prompts for t in range(len(p.turns)) for m in self.config.methods
+        )
+
+    def load_models(self) -> tuple[CausalLM, CausalLM | None]:
+        from draftwise.loading import load_lm
+
+        c = self.config
+        target = load_lm(c.target, dtype=c.dtype, threads=c.threads)
+        # A separate instance even when draft == target: each model keeps its own KV cache.
+        draft = load_lm(c.draft, dtype=c.dtype, threads=c.threads) if c.needs_draft_model else None
+        return target, draft
+
+    def run(self, progress: Any = None, on_record: Callable[[Record], None] | None = None,
+            models: tuple[CausalLM, CausalLM | None] | None = None) -> list[Record]:
+        """Run every pending unit; return the records of this configuration and selection.
+
+        ``progress`` is a rich ``Progress`` (or None); ``on_record`` sees each new record.
+        """
+        self.config.out.mkdir(parents=True, exist_ok=True)
+        (self.config.out / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
+        todo = self.pending()
+        if todo:
+            target, draft = models or self.load_models()
+            self._measure(target, draft, todo, progress, on_record)
+        return self.records()
+
+    def records(self) -> list[Record]:
+        wanted = {p.id for p in self.prompts}
+        return [r for r in self.store.records(self.config_hash)
+                if r["prompt_id"] in wanted and r["method"] in self.config.methods]
+
+    def _generation(self, prompt: Prompt, turn: int, max_new_tokens: int | None = None) -> GenerationConfig:
+        g = self.config.generation
+        sampling = g.sampling.model_copy(update={"seed": sampling_seed(g.sampling.seed, prompt.id, turn)})
+        return g.model_copy(update={"sampling": sampling, "max_new_tokens": max_new_tokens or g.max_new_tokens})
+
+    def _measure(self, target: CausalLM, draft: CausalLM | None, todo: int, progress: Any,
+                 on_record: Callable[[Record], None] | None) -> None:
+        methods, timers = build_methods(self.config, target, draft)
+        try:
+            self._measure_with(methods, target, todo, progress, on_record)
+        finally:
+            for timer in timers:
+                timer.close()
+
+    def _measure_with(self, methods: dict[str, Method], target: CausalLM, todo: int, progress: Any,
+                      on_record: Callable[[Record], None] | None) -> None:
+        builder = PromptBuilder(target.tokenizer, self.config.chat_template)
+        scores: dict[int, tuple[float | None, list[float]]] = {}
+        live = _Live()
+        for r in self.records():
+            live.add(r)
+        task = progress.add_task("bench", total=todo, speedup=live.describe(list(methods))) if progress else None
+
+        if self.config.warmup:
+            first = self.prompts[0]
+            warm_ids = builder.ids(first.turns[:1], [])
+            warm_tokens = min(WARMUP_TOKENS, self.config.generation.max_new_tokens)
+            for method in methods.values():
+                method.run(warm_ids, self._generation(first, 0, warm_tokens))
+
+        names = list(methods)
+        for index, prompt in enumerate(self.prompts):
+            order = names[index % len(names):] + names[: index % len(names)]
+            answers: dict[str, list[str]] = {name: [] for name in names}
+            for turn in range(len(prompt.turns)):
+                for position, name in enumerate(order):
+                    key = record_key(prompt.id, turn, name, self.config_hash)
+                    record = self.store.get(key)
+                    if record is None:
+                        if progress:
+                            progress.update(task, description=f"{prompt.subtask} {prompt.id}.{turn + 1} {name}")
+                        record = self._run_unit(methods[name], builder, prompt, turn, position, answers[name],
+                                                target, scores)
+                        self.store.append(record)
+                        live.add(record)
+                        if progress:
+                            progress.update(task, advance=1, speedup=live.describe(names))
+                        if on_record is not None:
+                            on_record(record)
+                    answers[name].append(record["text"])
+
+    def _run_unit(self, method: Method, builder: PromptBuilder, prompt: Prompt, turn: int, position: int,
+                  answers: Sequence[str], target: CausalLM, scores: dict[int, tuple[float | None, list[float]]]
+                  ) -> Record:
+        prompt_ids = builder.ids(prompt.turns[: turn + 1], answers)
+        trace = method.run(prompt_ids, self._generation(prompt, turn))
+        # Scoring is outside the timed region; identical outputs (the usual case) are scored once.
+        memo = hash((tuple(prompt_ids), tuple(trace.tokens)))
+        if memo not in scores:
+            scores[memo] = score_output(target, prompt_ids, trace.tokens)
+        perplexity, gaps = scores[memo]
+        text = target.tokenizer.decode(trace.tokens, skip_special_tokens=True)
+        record = _record(trace, prompt, turn, method.name, position, self.config_hash, prompt_ids, text,
+                         perplexity, gaps)
+        record["chat_template"] = builder.chat
+        return record
+
+    def summary(self) -> dict[str, Any]:
+        greedy = self.config.generation.sampling.greedy
+        return summarize(self.records(), self.prompts, self.config.methods, greedy)
+
+
+
+def run_bench(config: BenchConfig, *, command: str | None = None, progress: Any = None,
+              on_record: Callable[[Record], None] | None = None,
+              models: tuple[CausalLM, CausalLM | None] | None = None) -> Path:
+    """Measure what is pending, then write summary.json, the plots and report.md; return the report's path."""
+    from draftwise.bench.plots import write_plots
+    from draftwise.bench.report import write_report
+
+    bench = Bench(config)
+    records = bench.run(progress=progress, on_record=on_record, models=models)
+    summary = bench.summary()
+    plots = write_plots(config.out, summary, records, config.methods)
+    return write_report(config.out, summary, config, bench.prompts, records, command, [str(p) for p in plots])

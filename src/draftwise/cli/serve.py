@@ -1,0 +1,89 @@
+"""``draftwise serve``: the OpenAI-compatible server (FastAPI on uvicorn).
+
+Flags map one to one onto ``ServerSettings`` (and its ``GenerationConfig`` of request
+defaults); their help texts are those fields' descriptions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from draftwise.api.settings import ServerSettings
+from draftwise.config import DraftConfig, GenerationConfig
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+
+
+def _opt(model: Any, name: str, *flags: str, help: str | None = None) -> Any:
+    """A typer option with the default and help text of ``model``'s field ``name``."""
+    field = model.model_fields[name]
+    return typer.Option(field.default, *flags, help=help or field.description or "")
+
+
+def _recommended(target: str) -> tuple[str | None, str]:
+    """(draft model, drafter) the registry recommends for ``target``; n-gram otherwise."""
+    from draftwise.registry import REGISTRY
+
+    entry = REGISTRY.get(target)
+    if entry is None or entry.draft in (None, "ngram"):
+        return None, "ngram"
+    return entry.draft, "model"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def serve(
+        target: str = typer.Option(DEFAULT_TARGET, help=ServerSettings.model_fields["target"].description),
+        draft: str | None = _opt(ServerSettings, "draft"),
+        drafter: str | None = typer.Option(
+            None, help="default drafter of requests: model, ngram or off; default: the registry's recommendation "
+            "for the target (model with --draft)"
+        ),
+        host: str = _opt(ServerSettings, "host"),
+        port: int = _opt(ServerSettings, "port"),
+        workers: int = _opt(ServerSettings, "workers"),
+        queue_size: int = _opt(ServerSettings, "queue_size"),
+        request_timeout: float = _opt(ServerSettings, "request_timeout", "--timeout"),
+        max_context: int | None = _opt(ServerSettings, "max_context"),
+        max_tokens: int = _opt(GenerationConfig, "max_new_tokens", "--max-tokens", help="default max_tokens of a request"),
+        k_policy: str = _opt(DraftConfig, "k_policy"),
+        k: int = _opt(DraftConfig, "k"),
+        model_name: str | None = _opt(ServerSettings, "model_name"),
+        dtype: str = _opt(ServerSettings, "dtype"),
+        threads: int | None = _opt(ServerSettings, "threads"),
+    ) -> None:
+        """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
+        plus /metrics (Prometheus), /health and /docs."""
+        from pydantic import ValidationError
+
+        if draft is None and drafter is None:
+            draft, drafter = _recommended(target)
+        try:
+            settings = ServerSettings(
+                target=target, draft=draft, drafter=drafter, host=host, port=port, workers=workers,
+                queue_size=queue_size, request_timeout=request_timeout, max_context=max_context, model_name=model_name,
+                dtype=dtype, threads=threads,
+                generation=GenerationConfig(max_new_tokens=max_tokens, draft=DraftConfig(k_policy=k_policy, k=k)),
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise typer.BadParameter(f"{where + ': ' if where else ''}{first['msg']}") from None
+
+        import uvicorn
+
+        from draftwise.api.app import create_app
+        from draftwise.loading import ModelLoadError
+
+        typer.echo(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...",
+                   err=True)
+        try:
+            server = create_app(settings, log=lambda note: typer.echo(note, err=True))
+        except (ModelLoadError, ValueError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
+                   f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)", err=True)
+        uvicorn.run(server, host=settings.host, port=settings.port, log_level="info")

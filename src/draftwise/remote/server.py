@@ -1,0 +1,398 @@
+"""The verifier server: sessions that hold the target's context and KV cache.
+
+Each session is a ``LocalTarget`` over the one loaded model (the weights are shared, each
+session has its own cache), seeded exactly as the local engine seeds its target, so a
+remote run makes the same decisions as a local one: the verification code is the local code.
+
+Built by ``create_app(settings)``; all state lives in the app it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+import torch
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from draftwise.config import GenerationConfig, SamplingConfig
+from draftwise.drafters import Proposal
+from draftwise.engine import seeded_generators
+from draftwise.model import CausalLM
+from draftwise.remote.protocol import (
+    PROTOCOL_VERSION,
+    Health,
+    Limits,
+    OpenSession,
+    ProtocolError,
+    ServerInfo,
+    SessionOpened,
+    VerifyRequest,
+    decode_verify_request,
+    encode_verify_response,
+    tokenizer_fingerprint,
+)
+from draftwise.remote.settings import VerifierSettings
+from draftwise.target import LocalTarget
+
+# q rows are probabilities computed in float32 by the drafter: their sum may exceed 1 by
+# round-off, never by more than this.
+_Q_SUM_SLACK = 1e-3
+
+
+class VerifierError(Exception):
+    """A request the server refuses: an HTTP status and a message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class _Session:
+    target: LocalTarget
+    sampling: SamplingConfig
+    context: list[int]  # committed tokens, as the client's engine holds them
+    last_used: float
+
+
+class VerifierService:
+    """Sessions over one loaded target model.
+
+    One lock serialises the session table and the model: a CPU runs one forward pass well,
+    not several at once, and a session must never be verified twice concurrently.
+    """
+
+    def __init__(self, settings: VerifierSettings, lm: CausalLM) -> None:
+        self.settings = settings
+        self.lm = lm
+        self.vocab_size = lm.vocab_size
+        self.fingerprint = tokenizer_fingerprint(lm.tokenizer)
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    def info(self) -> ServerInfo:
+        s = self.settings
+        return ServerInfo(
+            protocol_version=PROTOCOL_VERSION,
+            model=self.lm.name,
+            tokenizer_fingerprint=self.fingerprint,
+            vocab_size=self.vocab_size,
+            eos_token_ids=list(self.lm.eos_token_ids),
+            limits=Limits(
+                max_sessions=s.max_sessions,
+                idle_timeout_s=s.idle_timeout_s,
+                max_context=s.max_context,
+                max_block=s.max_block,
+                max_q_entries=s.max_q_entries,
+                max_body_bytes=s.max_body_bytes,
+            ),
+        )
+
+    def _check_ids(self, ids: np.ndarray, what: str) -> None:  # ids: [n] integer
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if bad.size:
+            raise VerifierError(
+                422, f"{what} holds token id {int(bad[0])}, outside the target's vocabulary [0, {self.vocab_size})"
+            )
+
+    def open(self, request: OpenSession) -> SessionOpened:
+        prompt = request.prompt
+        if len(prompt) > self.settings.max_context:
+            raise VerifierError(
+                422, f"prompt has {len(prompt)} tokens, over this server's max_context of {self.settings.max_context}"
+            )
+        self._check_ids(np.asarray(prompt, dtype=np.int64), "prompt")
+        with self._lock:
+            now = time.monotonic()
+            self._expire_locked(now)
+            while len(self._sessions) >= self.settings.max_sessions:
+                self._sessions.popitem(last=False)
+            target = LocalTarget(CausalLM(self.lm.model, self.lm.tokenizer, name=self.lm.name))
+            started = time.perf_counter()
+            target_generator, _ = seeded_generators(request.sampling.seed)
+            target.start(prompt, GenerationConfig(sampling=request.sampling), target_generator)
+            prefill_seconds = time.perf_counter() - started
+            session_id = secrets.token_urlsafe(12)
+            self._sessions[session_id] = _Session(target, request.sampling, list(prompt), time.monotonic())
+        return SessionOpened(session_id=session_id, context_length=len(prompt), prefill_seconds=prefill_seconds)
+
+    def close(self, session_id: str) -> None:
+        with self._lock:
+            if self._sessions.pop(session_id, None) is None:
+                raise VerifierError(404, f"unknown session {session_id!r} (closed, expired or evicted)")
+
+    def close_all(self) -> None:
+        with self._lock:
+            self._sessions.clear()
+
+    def expire(self) -> None:
+        with self._lock:
+            self._expire_locked(time.monotonic())
+
+    def _expire_locked(self, now: float) -> None:
+        deadline = now - self.settings.idle_timeout_s
+        while self._sessions:
+            oldest_id, oldest = next(iter(self._sessions.items()))
+            if oldest.last_used > deadline:
+                break
+            del self._sessions[oldest_id]
+
+    def verify(self, session_id: str, body: bytes) -> bytes:
+        started = time.perf_counter()
+        try:
+            request = decode_verify_request(body)
+        except ProtocolError as exc:
+            raise VerifierError(422, str(exc)) from exc
+        limits = self.settings
+        k = len(request.tokens)
+        if k > limits.max_block:
+            raise VerifierError(422, f"block of {k} tokens is over this server's max_block of {limits.max_block}")
+        if request.n_top > limits.max_q_entries:
+            raise VerifierError(
+                422, f"{request.n_top} draft-distribution entries per token is over max_q_entries of "
+                f"{limits.max_q_entries}; sample the draft from fewer tokens (draft.proposal_top)"
+            )
+        self._check_ids(request.append, "append")
+        self._check_ids(request.tokens, "the proposed block")
+        with self._lock:
+            self._expire_locked(time.monotonic())
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise VerifierError(404, f"unknown session {session_id!r} (closed, expired or evicted)")
+            self._sessions.move_to_end(session_id)
+            session.last_used = time.monotonic()
+            if request.keep > len(session.context):
+                raise VerifierError(
+                    409, f"keep={request.keep} but the session holds only {len(session.context)} tokens"
+                )
+            context = session.context[: request.keep] + request.append.tolist()
+            if not context:
+                raise VerifierError(422, "the context would be empty: keep or append at least one token")
+            if len(context) + k + 1 > limits.max_context:
+                raise VerifierError(
+                    422, f"context of {len(context)} tokens plus a block of {k} is over max_context of "
+                    f"{limits.max_context}"
+                )
+            proposal = Proposal(
+                tokens=torch.from_numpy(request.tokens.astype(np.int64)),
+                probs=None if session.sampling.greedy else self._draft_probs(request),
+            )
+            check = session.target.verify(context, proposal)
+            verdict = check.verdict
+            session.context = context + request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
+        return encode_verify_response(
+            verdict.n_accepted, verdict.next_token, time.perf_counter() - started, check.target_token_probs
+        )
+
+    def _draft_probs(self, request: VerifyRequest) -> torch.Tensor | None:  # [k, V]; None = point masses
+        """Rebuild the dense q the drafter sampled from out of its non-zero entries."""
+        if request.n_top == 0:
+            return None
+        self._check_ids(request.q_ids.reshape(-1), "q_ids")
+        probs = request.q_probs
+        if not np.isfinite(probs).all() or (probs < 0).any():
+            raise VerifierError(422, "q_probs must be finite and non-negative")
+        ids = torch.from_numpy(request.q_ids.astype(np.int64))
+        q = torch.zeros(len(request.tokens), self.vocab_size, dtype=torch.float32)
+        # scatter_add: padding entries (probability 0) may repeat an id without harm.
+        q.scatter_add_(1, ids, torch.from_numpy(probs.copy()))
+        sums = q.sum(-1)
+        if (sums > 1 + _Q_SUM_SLACK).any():
+            row = int((sums > 1 + _Q_SUM_SLACK).nonzero()[0])
+            raise VerifierError(422, f"q row {row} sums to {float(sums[row]):.6f}, more than 1")
+        tokens = torch.from_numpy(request.tokens.astype(np.int64))
+        q_x = q.gather(1, tokens[:, None]).squeeze(1)
+        if (q_x <= 0).any():
+            row = int((q_x <= 0).nonzero()[0])
+            raise VerifierError(
+                422, f"proposed token {int(tokens[row])} at position {row} has draft probability 0 in q; "
+                "a drafted token must come from its q"
+            )
+        return q
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status, headers=headers)
+
+
+class _BodyLimit:
+    """Refuses oversize bodies before they are read: by their Content-Length, and bodies
+    without one (chunked) altogether, so a request can never stream in unbounded data.
+    """
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length")
+            response = None
+            if length is None and b"transfer-encoding" in headers:
+                response = _error(411, "send a Content-Length header (chunked request bodies are not accepted)")
+            elif length is not None and (not length.isdigit() or int(length) > self.limit):
+                response = _error(413, f"request body of {length.decode(errors='replace')} bytes is over "
+                                       f"this server's max_body_bytes of {self.limit}")
+            if response is not None:
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+_VERIFY_DOC = (
+    "Verify one proposed block. The body is binary (see `draftwise.remote.protocol`): an int32 header "
+    "`keep, n_append, k, n_top`, then int32 `append[n_append]`, int32 `tokens[k]`, int32 `q_ids[k*n_top]`, "
+    "float32 `q_probs[k*n_top]`. The answer is `int32 n_accepted, int32 next_token, float32 server_seconds, "
+    "float32 target_probs[k]`."
+)
+
+
+def create_app(settings: VerifierSettings, lm: CausalLM | None = None) -> FastAPI:
+    """Build the verifier app; loads ``settings.target`` unless a loaded ``lm`` is given."""
+    if lm is None:
+        from draftwise.loading import load_lm
+
+        lm = load_lm(settings.target, dtype=settings.dtype, threads=settings.threads)
+    service = VerifierService(settings, lm)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def sweep() -> None:
+            # Without this, the sessions of clients that vanished would only expire on the
+            # next request; here they go even when no one calls again.
+            while True:
+                await asyncio.sleep(settings.sweep_interval_s)
+                await anyio.to_thread.run_sync(service.expire)
+
+        sweeper = asyncio.create_task(sweep())
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with suppress(asyncio.CancelledError):
+                await sweeper
+            service.close_all()
+
+    app = FastAPI(
+        title="draftwise verifier",
+        description="Remote target for speculative decoding: one round trip per drafted block.",
+        version=str(PROTOCOL_VERSION),
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+
+    @app.exception_handler(VerifierError)
+    async def _verifier_error(request: Request, exc: VerifierError) -> JSONResponse:
+        return _error(exc.status, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return _error(422, "; ".join(problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail), exc.headers)
+
+    bearer = HTTPBearer(auto_error=False, description="the server's --api-key, when it has one")
+    api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+
+    # async: a plain def dependency would cost every request a hop to the thread pool.
+    async def authorize(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if api_key is None:
+            return
+        if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):
+            raise VerifierError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
+
+    @app.get("/health", response_model=Health, tags=["status"])
+    async def health() -> Health:
+        """Liveness; open without a key so load balancers can probe it."""
+        return Health(status="ok", sessions=service.session_count)
+
+    router = APIRouter(dependencies=[Depends(authorize)])
+
+    @router.get("/info", response_model=ServerInfo, tags=["status"])
+    def info() -> ServerInfo:
+        """The model, its tokenizer fingerprint and vocabulary size, and the server's limits."""
+        return service.info()
+
+    @router.post("/v1/sessions", response_model=SessionOpened, status_code=201, tags=["sessions"])
+    def open_session(body: OpenSession) -> SessionOpened:
+        """Open a session: prefill the prompt (all but its last token) into a fresh KV cache."""
+        return service.open(body)
+
+    @router.delete("/v1/sessions/{session_id}", status_code=204, tags=["sessions"])
+    def close_session(session_id: str) -> Response:
+        """Close a session and free its cache."""
+        service.close(session_id)
+        return Response(status_code=204)
+
+    @router.post(
+        "/v1/sessions/{session_id}/verify",
+        tags=["sessions"],
+        description=_VERIFY_DOC,
+        response_class=Response,
+        responses={200: {"content": {"application/octet-stream": {}}}},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+    )
+    async def verify(session_id: str, request: Request) -> Response:
+        body = await request.body()
+        answer = await anyio.to_thread.run_sync(service.verify, session_id, body)
+        return Response(answer, media_type="application/octet-stream")
+
+    app.include_router(router)
+    return app
+
+
+@contextmanager
+def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run ``app`` on uvicorn in a thread (port 0: a free one); yield its base URL, stop on exit.
+
+    For tests and benchmarks; ``draftwise serve-verifier`` runs uvicorn in the foreground.
+    """
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5, server_header=False,
+            date_header=False,
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError(f"the verifier server did not start on {host}:{port}")
+            time.sleep(0.01)
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

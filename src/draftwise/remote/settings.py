@@ -1,0 +1,33 @@
+"""Verifier server settings: the one source of truth; ``serve-verifier`` flags derive from it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+API_KEY_ENV = "DRAFTWISE_VERIFIER_API_KEY"  # read by serve-verifier and by the client
+
+
+class VerifierSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: str = Field(..., description="target model source (a name, a folder, a .gguf file or tiny:SEED)")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="target weights' dtype")
+    threads: int | None = Field(None, ge=1, description="torch threads for the target (default: torch's)")
+    host: str = Field("127.0.0.1", description="address to bind; loopback unless told otherwise")
+    port: int = Field(8765, ge=0, le=65535, description="port to listen on")
+    api_key: SecretStr | None = Field(
+        None, description="require 'Authorization: Bearer KEY' on every endpoint but /health"
+    )
+    max_sessions: int = Field(8, ge=1, le=4096, description="open sessions; beyond, the least recently used is evicted")
+    idle_timeout_s: float = Field(
+        300.0, gt=0, description="a session unused this long is closed (its client is presumed gone)"
+    )
+    max_context: int = Field(32768, ge=2, description="tokens a session may hold (prompt + generated + block)")
+    max_block: int = Field(64, ge=1, le=4096, description="proposed tokens per verify request")
+    max_q_entries: int = Field(
+        4096, ge=1, description="draft-distribution entries per proposed token (sampling mode)"
+    )
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body accepted")
+    sweep_interval_s: float = Field(5.0, gt=0, description="how often idle sessions are looked for")

@@ -1,0 +1,314 @@
+"""The OpenAI-compatible server, driven by the official ``openai`` client over loopback.
+
+Servers run on uvicorn in a background thread on 127.0.0.1 (a free port), with tiny
+in-process models: target seed 0, drafts that agree in part (``tiny_near_draft``) or n-gram.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from draftwise.api.app import create_app  # noqa: E402
+from draftwise.api.settings import ServerSettings  # noqa: E402
+from draftwise.config import GenerationConfig  # noqa: E402
+from draftwise.engine import autoregressive  # noqa: E402
+from draftwise.remote.server import serve_in_background  # noqa: E402
+
+MODEL = "tiny:0"
+PROMPT = "Once upon a time"
+# Fixed k and no confidence stop: every step drafts, so acceptances and corrections both occur.
+FIXED = {"k_policy": "fixed", "k": 4, "confidence_threshold": 0.0}
+
+
+def _serve(target, draft=None, **settings) -> Iterator[str]:
+    app = create_app(ServerSettings(target=MODEL, **settings), target=target, draft=draft)
+    with serve_in_background(app) as url:
+        yield url
+
+
+def _client(url: str, **kwargs) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, **kwargs)
+
+
+def _metrics(url: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics, keyed by (name, sorted labels), parsed by prometheus-client."""
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _wait_for(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target, tiny_near_draft) -> Iterator[str]:
+    """Two workers, a draft model and room for a few waiting requests."""
+    yield from _serve(tiny_target, tiny_near_draft, workers=2, queue_size=8)
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return _client(server)
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_target):
+    """Greedy output of the plain target (no drafter), the reference for every greedy test."""
+
+    def run(prompt: str, max_new_tokens: int, **config):
+        return autoregressive(tiny_target).generate(
+            prompt, GenerationConfig(max_new_tokens=max_new_tokens, **config)
+        )
+
+    return run
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "off"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_greedy_equals_plain_target(client, baseline, drafter, stream):
+    expected = baseline(PROMPT, 40)
+    spec = {"speculative": {"drafter": drafter, **FIXED}}
+    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0,
+                                         stream=stream, extra_body=spec)
+    if stream:
+        chunks = list(response)
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = chunks[-1].choices[0].finish_reason
+        stats = chunks[-1].speculative
+    else:
+        text, finish, stats = response.choices[0].text, response.choices[0].finish_reason, response.speculative
+        assert response.usage.prompt_tokens == len(expected.prompt_ids)
+        assert response.usage.completion_tokens == 40
+        assert response.usage.total_tokens == len(expected.prompt_ids) + 40
+    assert text == expected.text
+    assert finish == "length"
+    assert stats["drafter"] == drafter
+    assert stats["new_tokens"] == 40
+    # Every pass emits its accepted tokens plus one (nothing is cut: no stop, no EOS).
+    assert stats["target_passes"] + stats["accepted"] == 40
+    if drafter == "off":
+        assert stats["proposed"] == 0 and stats["target_passes"] == 40
+    if drafter == "model":
+        assert stats["proposed"] > 0 and 0 < stats["accepted"] < stats["proposed"]
+        assert stats["acceptance_rate"] == pytest.approx(stats["accepted"] / stats["proposed"])
+        assert stats["mean_accepted_length"] == pytest.approx(40 / stats["target_passes"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_greedy_equals_plain_target(client, baseline, stream):
+    # The tiny tokenizer has no chat template: the server falls back to a plain transcript.
+    expected = baseline("system: be brief\nuser: hi\nassistant:", 24)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                                              stream=stream, extra_body={"speculative": {"drafter": "model"}})
+    if stream:
+        chunks = list(response)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = chunks[-1].choices[0].finish_reason
+        assert all(c.object == "chat.completion.chunk" for c in chunks)
+    else:
+        assert response.object == "chat.completion"
+        assert response.choices[0].message.role == "assistant"
+        text, finish = response.choices[0].message.content, response.choices[0].finish_reason
+        assert response.usage.prompt_tokens == len(expected.prompt_ids)
+    assert text == expected.text
+    assert finish == "length"
+
+
+def test_stop_sequence_and_usage_chunk(client, baseline):
+    expected = baseline(PROMPT, 60, stop=("K",))
+    assert expected.metrics.finish_reason == "stop", "the test prompt must reach the stop string"
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=60, temperature=0, stop=["K"], stream=True,
+        stream_options={"include_usage": True}, extra_body={"speculative": {"drafter": "ngram"}},
+    ))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == expected.text and "K" not in text
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(expected.tokens)
+
+
+def test_seeded_sampling_is_reproducible(client):
+    def sample(seed: int) -> str:
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0.9, top_p=0.95,
+                                         seed=seed, extra_body={"speculative": FIXED}).choices[0].text
+
+    first = sample(7)
+    assert sample(7) == first
+    assert any(sample(seed) != first for seed in (8, 9, 10))
+
+
+def test_stream_provenance(client, baseline):
+    expected = baseline(PROMPT, 40)
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
+        extra_body={"speculative": {"drafter": "model", "provenance": True, **FIXED}},
+    ))
+    tokens = [t for c in chunks for t in (c.provenance or [])]
+    assert [t["id"] for t in tokens] == expected.tokens
+    stats = chunks[-1].speculative
+    by_source = {s: [t for t in tokens if t["source"] == s] for s in ("accepted", "corrected", "bonus")}
+    assert len(tokens) == sum(len(v) for v in by_source.values())
+    assert len(by_source["accepted"]) == stats["accepted"] > 0
+    assert len(by_source["corrected"]) + len(by_source["bonus"]) == stats["target_passes"]
+    assert by_source["corrected"], "the near draft must be corrected at least once"
+    for t in by_source["accepted"]:
+        assert 0 < t["draft_prob"] <= 1 and 0 < t["target_prob"] <= 1
+    for t in by_source["corrected"]:
+        # Greedy: the target rejected the draft's token and put its own argmax instead.
+        assert t["rejected"]["id"] != t["id"] and t["draft_prob"] is None
+    # Without provenance the chunks carry none.
+    plain = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stream=True))
+    assert all(c.provenance is None for c in plain)
+
+
+def test_concurrent_streaming_clients(server, baseline):
+    prompts = ["The quick brown fox", "def main():", "Hello, world", PROMPT, "import numpy as np"]
+    expected = {p: baseline(p, 48).text for p in prompts}
+    client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+    async def one(prompt: str) -> str:
+        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=48, temperature=0,
+                                                 stream=True, extra_body={"speculative": FIXED})
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def all_of_them() -> list[str]:
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    assert asyncio.run(all_of_them()) == [expected[p] for p in prompts]
+    health = httpx.get(f"{server}/health").json()
+    assert health["active"] == 0 and health["queued"] == 0
+
+
+def test_models_health_docs(server, client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    health = httpx.get(f"{server}/health").json()
+    assert health["status"] == "ok" and health["workers"] == 2
+    assert httpx.get(f"{server}/docs").status_code == 200
+    paths = httpx.get(f"{server}/openapi.json").json()["paths"]
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"} <= set(paths)
+
+
+def test_metrics_counters_move(tiny_target, tiny_near_draft):
+    for url in _serve(tiny_target, tiny_near_draft):
+        client = _client(url)
+        before = _metrics(url)
+        assert before[("draftwise_generated_tokens_total", ())] == 0
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0,
+                                  extra_body={"speculative": {"drafter": "model", **FIXED}})
+        response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                             extra_body={"speculative": {"drafter": "off"}})
+        after = _metrics(url)
+        stats = response.speculative
+        assert after[("draftwise_generated_tokens_total", ())] == 42
+        assert after[("draftwise_requests_total", (("code", "200"), ("endpoint", "/v1/completions")))] == 2
+        assert after[("draftwise_generations_total", (("finish_reason", "length"),))] == 2
+        passes = after[("draftwise_target_passes_total", ())]
+        proposed = after[("draftwise_draft_tokens_proposed_total", ())]
+        accepted = after[("draftwise_draft_tokens_accepted_total", ())]
+        assert passes == stats["target_passes"] + 30 - accepted  # the drafted run: 30 = passes + accepted
+        assert 0 < accepted < proposed
+        assert after[("draftwise_draft_position_proposed_total", (("position", "0"),))] > 0
+        at = [after.get(("draftwise_draft_position_accepted_total", (("position", str(i)),)), 0) for i in range(4)]
+        assert sum(at) == accepted
+        assert after[("draftwise_time_to_first_token_seconds_count", ())] == 2
+        assert after[("draftwise_time_per_output_token_seconds_count", ())] == 42
+        assert after[("draftwise_prompt_tokens_total", ())] == 2 * len(tiny_target.tokenizer.encode(PROMPT))
+        assert after[("draftwise_queue_depth", ())] == 0 and after[("draftwise_active_generations", ())] == 0
+
+
+def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
+    """One worker, one waiting place: the third request is refused; closing the streams
+    stops their generations early, which /metrics shows."""
+    for url in _serve(tiny_target, workers=1, queue_size=1, retry_after=3):
+        client = _client(url)
+        long = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "temperature": 0, "stream": True}
+        running = client.completions.create(**long)
+        next(iter(running))  # the first worker is generating
+        waiting = client.completions.create(**long)
+        _wait_for(lambda: httpx.get(f"{url}/health").json()["queued"] == 1)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.completions.create(**long)
+        assert refused.value.status_code == 429
+        assert refused.value.response.headers["retry-after"] == "3"
+        assert refused.value.body["code"] == "rate_limit_exceeded"
+        assert "busy" in refused.value.body["message"]
+
+        running.close()
+        waiting.close()
+
+        def all_cancelled() -> bool:
+            m = _metrics(url)
+            return (m.get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),)), 0) == 2
+                    and m[("draftwise_active_generations", ())] == 0 and m[("draftwise_queue_depth", ())] == 0)
+
+        _wait_for(all_cancelled)
+        m = _metrics(url)
+        # Stopped within a block of the disconnect, far from the 2 x 3000 tokens asked for.
+        assert m[("draftwise_generated_tokens_total", ())] < 1500
+        assert m[("draftwise_requests_rejected_total", ())] == 1
+        assert m[("draftwise_requests_total", (("code", "429"), ("endpoint", "/v1/completions")))] == 1
+        # The worker is free again.
+        assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5).usage.completion_tokens == 5
+
+
+def test_request_timeout(tiny_target):
+    for url in _serve(tiny_target, request_timeout=0.3):
+        client = _client(url)
+        with pytest.raises(openai.APIStatusError) as timed_out:
+            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3000)
+        assert timed_out.value.status_code == 504
+        assert timed_out.value.body["code"] == "request_timeout"
+        with pytest.raises(openai.APIError, match="longer than"):
+            for _ in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3000, stream=True):
+                pass
+        _wait_for(lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "timeout"),))) == 2)
+        assert _metrics(url)[("draftwise_generated_tokens_total", ())] < 1500
+
+
+def test_non_streaming_disconnect_cancels(tiny_target):
+    for url in _serve(tiny_target):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 3000},
+                       timeout=httpx.Timeout(5.0, read=0.5))
+        _wait_for(lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),))) == 1)
+        assert _metrics(url)[("draftwise_generated_tokens_total", ())] < 1500
+
+
+def test_engine_failure_is_reported_not_hidden(tiny_target, monkeypatch):
+    """A fault inside generation: 500 in OpenAI's shape, or an error event mid-stream; the
+    worker is released either way."""
+    from draftwise.api.pool import Worker
+
+    def broken(self, drafter):
+        raise RuntimeError("engine exploded")
+
+    for url in _serve(tiny_target, request_timeout=20):
+        client = _client(url, timeout=30)
+        with monkeypatch.context() as patch:
+            patch.setattr(Worker, "engine", broken)
+            with pytest.raises(openai.InternalServerError, match="engine exploded"):
+                client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5)
+            with pytest.raises(openai.APIError, match="engine exploded"):
+                list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, stream=True))
+        assert _metrics(url)[("draftwise_generations_total", (("finish_reason", "error"),))] == 2
+        assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5).usage.completion_tokens == 5

@@ -1,0 +1,40 @@
+"""``draftwise serve``: flags, defaults and one-line errors (no server is started)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("fastapi")
+
+from draftwise.cli import build_app  # noqa: E402
+from draftwise.cli.serve import _recommended  # noqa: E402
+
+
+def test_serve_defaults_follow_the_registry():
+    assert _recommended("qwen2.5-coder-1.5b") == ("qwen2.5-coder-0.5b", "model")
+    assert _recommended("smollm2-135m") == (None, "ngram")
+    assert _recommended("tiny:0") == (None, "ngram")
+
+
+def test_serve_help_lists_the_settings():
+    result = CliRunner().invoke(build_app(), ["serve", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--target", "--draft", "--drafter", "--workers", "--queue-size", "--timeout", "--max-tokens"):
+        assert flag in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["--target", "tiny:0", "--workers", "0"], 2, "workers"),
+        (["--target", "tiny:0", "--drafter", "model"], 2, "needs a draft model"),
+        (["--target", "tiny:0", "--drafter", "magic"], 2, "drafter"),
+        (["--target", "/nonexistent/model.gguf", "--drafter", "ngram"], 1, "no such file"),
+    ],
+)
+def test_serve_mistakes_are_one_line_errors(args, code, says):
+    result = CliRunner().invoke(build_app(), ["serve", *args])
+    assert result.exit_code == code
+    assert says in result.output
+    assert "Traceback" not in result.output

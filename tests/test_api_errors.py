@@ -1,0 +1,137 @@
+"""Bad input to the OpenAI-compatible server: always a 4xx in OpenAI's error shape, never a 5xx."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from draftwise.api.app import create_app  # noqa: E402
+from draftwise.api.settings import ServerSettings  # noqa: E402
+from draftwise.remote.server import serve_in_background  # noqa: E402
+
+MODEL = "tiny:0"
+OK = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def url(tiny_target) -> Iterator[str]:
+    # No draft model, and a context of 64 tokens so oversize prompts are cheap to make.
+    app = create_app(ServerSettings(target=MODEL, max_context=64), target=tiny_target)
+    with serve_in_background(app) as base:
+        yield base
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "says"),
+    [
+        ("/v1/completions", {**OK, "max_tokens": -5}, "max_tokens", "greater than or equal to 1"),
+        ("/v1/completions", {**OK, "max_tokens": "ten"}, "max_tokens", "integer"),
+        ("/v1/completions", {**OK, "temperature": "hot"}, "temperature", "number"),
+        ("/v1/completions", {**OK, "temperature": 3}, "temperature", "less than or equal to 2"),
+        ("/v1/completions", {**OK, "top_p": 0}, "top_p", "greater than 0"),
+        ("/v1/completions", {**OK, "seed": -1}, "seed", "greater than or equal to 0"),
+        ("/v1/completions", {**OK, "n": 2}, "n", "1"),
+        ("/v1/completions", {**OK, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+        ("/v1/completions", {**OK, "stop": [""]}, "stop", "empty"),
+        ("/v1/completions", {**OK, "frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
+        ("/v1/completions", {**OK, "logit_bias": {"1": 5}}, "logit_bias", "unknown field"),
+        ("/v1/completions", {**OK, "logprobs": 2}, "logprobs", "speculative.provenance"),
+        ("/v1/completions", {"model": MODEL, "max_tokens": 2}, "prompt", "required"),
+        ("/v1/completions", {**OK, "prompt": ""}, "prompt", "empty"),
+        ("/v1/completions", {**OK, "prompt": [1, 99999]}, "prompt", "outside the vocabulary"),
+        ("/v1/completions", {**OK, "prompt": [1, -2]}, "prompt", "negative"),
+        ("/v1/completions", {**OK, "prompt": ["a", "b"]}, "prompt", "batched prompts are not supported"),
+        ("/v1/completions", {**OK, "speculative": {"bogus": 1}}, "speculative.bogus", "unknown field"),
+        ("/v1/completions", {**OK, "speculative": {"k_policy": "magic"}}, "speculative.k_policy", "fixed"),
+        ("/v1/completions", {**OK, "speculative": {"k": -1}}, "speculative.k", "greater than or equal to 0"),
+        ("/v1/completions", {**OK, "speculative": {"k": 30}}, "speculative", "must not exceed k_max"),
+        ("/v1/completions", {**OK, "speculative": {"drafter": "model"}}, "speculative.drafter", "no draft model"),
+        ("/v1/completions", {**OK, "speculative": "yes"}, "speculative", "object"),
+        ("/v1/completions", {**OK, "prompt": "x" * 100}, "prompt", "maximum context length is 64"),
+        ("/v1/completions", {**OK, "max_tokens": 100}, "prompt", "maximum context length is 64"),
+        ("/v1/chat/completions", {**CHAT, "messages": []}, "messages", "at least 1"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role",
+         "system"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user"}]}, "messages.0.content", "required"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x" * 200}]}, "messages",
+         "maximum context length"),
+    ],
+)
+def test_bad_input_is_a_400_that_says_why(url, path, body, param, says):
+    error = _error(httpx.post(f"{url}{path}", json=body), 400)
+    assert error["param"] == param
+    assert says in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_malformed_json_and_unknown_model_and_route(url):
+    error = _error(httpx.post(f"{url}/v1/completions", content=b"{not json",
+                              headers={"content-type": "application/json"}), 400)
+    assert "JSON" in error["message"]
+    error = _error(httpx.post(f"{url}/v1/completions", json={**OK, "model": "gpt-4"}), 404)
+    assert error["code"] == "model_not_found" and "tiny:0" in error["message"]
+    _error(httpx.get(f"{url}/v1/nowhere"), 404)
+    _error(httpx.get(f"{url}/v1/completions"), 405)
+
+
+def test_openai_client_sees_bad_request(url):
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=-1)
+    with pytest.raises(openai.BadRequestError, match="speculative.k_polcy: unknown field"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"speculative": {"k_polcy": "fixed"}})
+    # The server still answers well-formed requests afterwards.
+    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3
+
+
+JUNK = [None, "x", -1, 0, 1.5, [], [None], {}, {"a": 1}, 10**30]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_junk_in_any_field_is_never_a_5xx(url, path):
+    from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest
+
+    base = OK if path == "/v1/completions" else CHAT
+    fields = (CompletionRequest if path == "/v1/completions" else ChatCompletionRequest).model_fields
+    with httpx.Client(base_url=url) as http:
+        for field in fields:
+            for junk in JUNK:
+                response = http.post(path, json={**base, field: junk})
+                assert response.status_code < 500, (field, junk, response.text)
+                if response.status_code >= 400:
+                    assert response.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def url_with_draft(tiny_target, tiny_near_draft) -> Iterator[str]:
+    app = create_app(ServerSettings(target=MODEL, draft=MODEL), target=tiny_target, draft=tiny_near_draft)
+    with serve_in_background(app) as base:
+        yield base
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_junk_in_any_speculative_field_is_never_a_5xx(url_with_draft, drafter):
+    from draftwise.api.schemas import SpeculativeOptions
+
+    body = {**OK, "temperature": 0.7, "max_tokens": 4}
+    with httpx.Client(base_url=url_with_draft) as http:
+        for field in SpeculativeOptions.model_fields:
+            for junk in [*JUNK, 2**62, 2**63]:
+                spec = {"drafter": drafter, field: junk} if field != "drafter" else {field: junk}
+                response = http.post("/v1/completions", json={**body, "speculative": spec})
+                assert response.status_code < 500, (field, junk, response.text)

@@ -1,0 +1,98 @@
+"""The CLI through its real entry point, in a subprocess, on tiny models."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftwise.tiny import tiny_lm
+
+ENTRY = Path(sys.executable).with_name("draftwise")
+
+
+def run(*args: str, home: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DRAFTWISE_HOME": str(home), "OMP_NUM_THREADS": "1", "COLUMNS": "100"}
+    return subprocess.run([str(ENTRY), *args], input=stdin, capture_output=True, text=True, env=env, timeout=300)
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, fragment: str) -> None:
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert fragment in lines[0]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="module")
+def odd_tokenizer_model(tmp_path_factory) -> Path:
+    """A tiny model folder whose tokenizer has one token more than tiny:0's."""
+    folder = tmp_path_factory.mktemp("odd")
+    lm = tiny_lm(0)
+    lm.tokenizer.add_tokens(["<odd>"])
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--target", "nosuchmodel"], "unknown model 'nosuchmodel'"),
+        (["--target", "/nowhere/model.gguf"], "no such file or folder: /nowhere/model.gguf"),
+        (["--target", "smollm2-135m"], "not pulled yet: run `draftwise pull smollm2-135m`"),
+        (["--target", "tiny:0", "--top-p", "0"], "--top-p: Input should be greater than 0"),
+        (["--target", "tiny:0", "--temperature", "-1"], "--temperature: Input should be greater than or equal to 0"),
+        (["--target", "tiny:0", "--k-policy", "sometimes"], "--k-policy: Input should be 'fixed', 'heuristic'"),
+        (["--target", "tiny:0", "--k", "20", "--k-max", "8"], "k (20) must not exceed k_max (8)"),
+        (["--target", "tiny:0", "--drafter", "magic"], "--drafter must be 'model' or 'ngram'"),
+        (["--target", "tiny:0", "--file", "/nowhere/prompt.txt"], "cannot read prompt file"),
+    ],
+)
+def test_user_mistakes_are_one_line_errors(home, args, fragment):
+    prompt = [] if "--file" in args else ["hello"]
+    assert_one_line_error(run("generate", *prompt, *args, home=home), fragment)
+
+
+def test_incompatible_tokenizers_are_one_line_errors(home, odd_tokenizer_model):
+    done = run("generate", "hello", "--target", "tiny:0", "--draft", str(odd_tokenizer_model),
+               "--dtype", "float32", home=home)
+    assert_one_line_error(done, "have different tokenizers: 258 vs 257 tokens")
+
+
+def test_pull_unknown_name_is_one_line_error(home):
+    assert_one_line_error(run("pull", "nope", home=home), "unknown model 'nope'; known names:")
+
+
+def test_generate_json_with_compare(home):
+    done = run(
+        "generate", "abcabcabc", "--target", "tiny:0", "--draft", "tiny:0", "--json", "--compare",
+        "--max-new-tokens", "12", "--ignore-eos", "--k-policy", "fixed", "--k", "3",
+        "--confidence-threshold", "0", home=home,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert len(data["tokens"]) == 12 and data["metrics"]["new_tokens"] == 12
+    # Draft == target: every proposal is accepted, so each pass yields k + 1 tokens.
+    assert data["metrics"]["acceptance_rate"] == 1.0 and data["metrics"]["target_passes"] == 3
+    assert data["compare"]["identical"] is True and data["compare"]["tokens"] == data["tokens"]
+    assert data["compare"]["metrics"]["target_passes"] == 12 and data["compare"]["speedup"] > 0
+    assert data["config"]["draft"]["k"] == 3 and data["drafter"] == "model"
+
+
+def test_generate_streams_text_and_prints_stats_from_stdin(home):
+    done = run("generate", "-", "--target", "tiny:0", "--drafter", "ngram", "--max-new-tokens", "8",
+               "--ignore-eos", home=home, stdin="the cat the cat the cat")
+    assert done.returncode == 0, done.stderr
+    for label in ("tokens/s", "target passes", "acceptance rate", "mean accepted length", "verify"):
+        assert label in done.stdout
+    assert "accepted draft token" in done.stderr  # the colour legend

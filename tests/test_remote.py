@@ -1,0 +1,344 @@
+"""The remote verifier, against a real uvicorn server on loopback with tiny models."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal
+from draftwise.engine import SpeculativeEngine
+from draftwise.remote.client import RemoteTarget, RemoteVerifierError, connect
+from draftwise.remote.protocol import decode_verify_response, encode_verify_request, tokenizer_fingerprint
+from draftwise.remote.server import create_app, serve_in_background
+from draftwise.remote.settings import VerifierSettings
+from draftwise.target import LocalTarget
+from draftwise.tiny import tiny_lm, tiny_tokenizer
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+DRAFTWISE = [sys.executable, "-c", "from draftwise.cli import main; main()"]  # the real entry point
+FIXED = DraftConfig(k_policy="fixed", k=4)  # timing-independent block sizes, so runs are comparable
+
+
+@pytest.fixture(scope="module")
+def target_lm(tiny_target):
+    return tiny_target
+
+
+def _server(target_lm, **overrides):
+    return serve_in_background(create_app(VerifierSettings(target="tiny:0", **overrides), lm=target_lm))
+
+
+@pytest.fixture(scope="module")
+def url(target_lm):
+    with _server(target_lm) as base:
+        yield base
+
+
+@pytest.fixture()
+def http(url):
+    with httpx.Client(base_url=url) as client:
+        yield client
+
+
+def _open(http: httpx.Client, prompt=(1, 2, 3), **sampling) -> str:
+    response = http.post("/v1/sessions", json={"prompt": list(prompt), "sampling": sampling})
+    assert response.status_code == 201, response.text
+    return response.json()["session_id"]
+
+
+def _verify(http: httpx.Client, session: str, tokens=(5, 6), keep=3, append=(), q=None, headers=None):
+    body = encode_verify_request(keep, list(append), list(tokens), *(q or (None, None)))
+    return http.post(f"/v1/sessions/{session}/verify", content=body, headers=headers)
+
+
+def _local_and_remote(url: str, target, draft, config: GenerationConfig, ngram: bool = False):
+    """The same generation in one process and through the server (models are reset per run)."""
+    def drafter():
+        return NGramDrafter() if ngram else ModelDrafter(draft)
+
+    local = SpeculativeEngine(LocalTarget(target), drafter(), tokenizer=target.tokenizer).generate(PROMPT, config)
+    with connect(url, tokenizer=draft.tokenizer) as remote_target:
+        remote = SpeculativeEngine(remote_target, drafter(), tokenizer=draft.tokenizer).generate(PROMPT, config)
+    return local, remote
+
+
+@pytest.mark.parametrize("draft_name", ["tiny_same_draft", "tiny_random_draft", "tiny_near_draft"])
+def test_remote_greedy_is_token_identical_to_local(url, target_lm, draft_name, request):
+    config = GenerationConfig(max_new_tokens=48, ignore_eos=True, draft=FIXED)
+    local, remote = _local_and_remote(url, target_lm, request.getfixturevalue(draft_name), config)
+    assert remote.tokens == local.tokens
+    assert [e.n_accepted for e in remote.events] == [e.n_accepted for e in local.events]
+    assert remote.metrics.acceptance_rate == local.metrics.acceptance_rate
+    if draft_name == "tiny_same_draft":  # draft == target: everything is accepted
+        assert remote.metrics.acceptance_rate == 1.0
+    for event in remote.events:
+        assert event.extra["server_seconds"] > 0 and event.extra["network_seconds"] >= 0
+        # greedy: 16-byte header + 4 bytes per proposed token; no context is re-sent
+        assert event.extra["request_bytes"] == 16 + 4 * len(event.proposed)
+        assert event.extra["response_bytes"] == 12 + 4 * len(event.proposed)
+    np.testing.assert_allclose(
+        [p for e in remote.events for p in e.target_probs], [p for e in local.events for p in e.target_probs], rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    "sampling, draft, ngram",
+    [
+        (SamplingConfig(temperature=1.0, seed=7), FIXED, False),  # full q (257 entries)
+        (SamplingConfig(temperature=0.8, top_p=0.9, seed=11), FIXED.model_copy(update={"proposal_top": 8}), False),
+        (SamplingConfig(temperature=1.0, top_k=20, seed=3), DraftConfig(k_policy="heuristic", k=3), False),
+        (SamplingConfig(temperature=1.0, seed=5), FIXED, True),  # point-mass q: no q sent at all
+    ],
+)
+def test_seeded_sampling_gives_the_same_tokens_remotely(url, target_lm, tiny_near_draft, sampling, draft, ngram):
+    config = GenerationConfig(max_new_tokens=48, ignore_eos=True, sampling=sampling, draft=draft)
+    local, remote = _local_and_remote(url, target_lm, tiny_near_draft, config, ngram=ngram)
+    assert remote.tokens == local.tokens
+    assert [e.n_accepted for e in remote.events] == [e.n_accepted for e in local.events]
+    assert remote.metrics.proposed > 0
+    if not ngram:  # a real mix of acceptances and rejections was exercised
+        assert 0 < remote.metrics.acceptance_rate < 1
+    if draft.proposal_top:
+        widths = {(e.extra["request_bytes"] - 16 - 4 * len(e.proposed)) // (8 * len(e.proposed))
+                  for e in remote.events if e.proposed}
+        assert max(widths) <= draft.proposal_top
+
+
+def test_proposal_top_limits_the_draft_distribution(tiny_random_draft):
+    drafter = ModelDrafter(tiny_random_draft)
+    config = GenerationConfig(sampling=SamplingConfig(temperature=1.0, seed=1), draft=DraftConfig(proposal_top=5))
+    drafter.start([1, 2, 3], config, torch.Generator().manual_seed(0))
+    proposal = drafter.propose([1, 2, 3], 3)
+    assert ((proposal.probs > 0).sum(-1) <= 5).all()
+    torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(len(proposal)))
+
+
+def test_handshake_refuses_a_different_tokenizer(url, target_lm):
+    tokenizer = tiny_tokenizer()
+    assert tokenizer_fingerprint(tokenizer) == tokenizer_fingerprint(target_lm.tokenizer)
+    tokenizer.add_tokens(["<extra>"])
+    with pytest.raises(RemoteVerifierError, match="tokenizer differs"):
+        connect(url, tokenizer=tokenizer)
+
+
+def test_unreachable_verifier_is_a_clear_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(RemoteVerifierError, match="cannot reach"):
+        connect(f"http://127.0.0.1:{port}")
+    with pytest.raises(RemoteVerifierError, match="http://"):
+        connect(f"127.0.0.1:{port}")
+
+
+def test_info_health_and_docs(url, http, target_lm):
+    info = http.get("/info").json()
+    assert info["model"] == "tiny:0"
+    assert info["vocab_size"] == target_lm.vocab_size
+    assert info["tokenizer_fingerprint"] == tokenizer_fingerprint(target_lm.tokenizer)
+    assert info["limits"]["max_block"] == VerifierSettings(target="x").max_block
+    assert http.get("/health").json()["status"] == "ok"
+    assert http.get("/docs").status_code == 200
+    paths = http.get("/openapi.json").json()["paths"]
+    assert {"/health", "/info", "/v1/sessions", "/v1/sessions/{session_id}/verify"} <= set(paths)
+
+
+def test_auth(target_lm):
+    with _server(target_lm, api_key="s3cret") as base, httpx.Client(base_url=base) as http:
+        assert http.get("/health").status_code == 200  # probes need no key
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic s3cret"}):
+            response = http.get("/info", headers=headers)
+            assert response.status_code == 401 and "API key" in response.json()["detail"]
+            assert http.post("/v1/sessions", json={"prompt": [1]}, headers=headers).status_code == 401
+        with pytest.raises(RemoteVerifierError, match="401"):
+            connect(base)
+        good = {"authorization": "Bearer s3cret"}
+        assert http.get("/info", headers=good).status_code == 200
+        with connect(base, api_key="s3cret") as target:
+            target.start([1, 2, 3], GenerationConfig(), None)
+            assert target.verify([1, 2, 3], Proposal(torch.tensor([4]))).verdict.n_proposed == 1
+
+
+def test_lru_eviction(target_lm):
+    with _server(target_lm, max_sessions=2) as base, httpx.Client(base_url=base) as http:
+        first, second = _open(http), _open(http)
+        assert _verify(http, first).status_code == 200  # first is now the most recently used
+        third = _open(http)  # evicts second, the least recently used
+        assert _verify(http, second).status_code == 404
+        assert _verify(http, first).status_code == 200  # keep=3: rewinds to the prompt
+        assert _verify(http, third).status_code == 200
+        assert http.get("/health").json()["sessions"] == 2
+
+
+def test_idle_sessions_expire_without_traffic(target_lm):
+    with _server(target_lm, idle_timeout_s=0.3, sweep_interval_s=0.05) as base, httpx.Client(base_url=base) as http:
+        session = _open(http)
+        assert http.get("/health").json()["sessions"] == 1
+        deadline = time.monotonic() + 5
+        while http.get("/health").json()["sessions"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert http.get("/health").json()["sessions"] == 0  # the vanished client leaked nothing
+        response = _verify(http, session)
+        assert response.status_code == 404 and "unknown session" in response.json()["detail"]
+
+
+def test_client_reopens_an_evicted_session(target_lm, tiny_near_draft):
+    config = GenerationConfig(max_new_tokens=24, ignore_eos=True, draft=FIXED)
+    expected = SpeculativeEngine.from_models(target_lm, tiny_near_draft).generate(PROMPT, config).tokens
+    with _server(target_lm, max_sessions=1) as base, connect(base) as target:
+        drafter = ModelDrafter(tiny_near_draft)
+        stream = SpeculativeEngine(target, drafter, tokenizer=target_lm.tokenizer).stream(PROMPT, config)
+        tokens = list(next(stream).tokens)
+        with httpx.Client(base_url=base) as http:
+            _open(http)  # takes the only slot
+        tokens += [t for event in stream for t in event.tokens]
+    assert tokens == expected
+
+
+def test_limits(target_lm):
+    with _server(target_lm, max_context=16, max_block=4, max_q_entries=3, max_body_bytes=2048) as base, \
+            httpx.Client(base_url=base) as http:
+        assert http.post("/v1/sessions", json={"prompt": list(range(17))}).status_code == 422
+        session = _open(http, range(10), temperature=1.0)
+        too_long = _verify(http, session, tokens=(1, 2, 3, 4, 5), keep=10)
+        assert too_long.status_code == 422 and "max_block" in too_long.json()["detail"]
+        context = _verify(http, session, tokens=(1, 2, 3, 4), keep=10, append=(1, 2))
+        assert context.status_code == 422 and "max_context" in context.json()["detail"]
+        wide = (np.array([[5, 6, 7, 8]]), np.full((1, 4), 0.25, dtype=np.float32))
+        response = _verify(http, session, tokens=(5,), keep=10, q=wide)
+        assert response.status_code == 422 and "max_q_entries" in response.json()["detail"]
+        big = http.post("/v1/sessions", json={"prompt": [1] * 2000})
+        assert big.status_code == 413 and "max_body_bytes" in big.json()["detail"]
+        chunked = http.post("/v1/sessions", content=iter([b'{"prompt": [1]}']))
+        assert chunked.status_code == 411
+        narrow = (np.array([[5, 6, 7]]), np.array([[0.5, 0.25, 0.25]], dtype=np.float32))
+        assert _verify(http, session, tokens=(5,), keep=10, q=narrow).status_code == 200
+
+
+def _bad_requests(http: httpx.Client, session: str, vocab: int):
+    def raw(body: bytes, sid: str = session):
+        return http.post(f"/v1/sessions/{sid}/verify", content=body)
+
+    yield "malformed JSON", http.post("/v1/sessions", content=b'{"prompt": [1, 2', headers={"content-type": "application/json"})
+    yield "prompt not a list", http.post("/v1/sessions", json={"prompt": "hello"})
+    yield "temperature not a number", http.post("/v1/sessions", json={"prompt": [1], "sampling": {"temperature": "hot"}})
+    yield "unknown key", http.post("/v1/sessions", json={"prompt": [1], "speed": "fast"})
+    yield "empty prompt", http.post("/v1/sessions", json={"prompt": []})
+    yield "out-of-vocabulary prompt", http.post("/v1/sessions", json={"prompt": [1, vocab]})
+    yield "negative token in prompt", http.post("/v1/sessions", json={"prompt": [-1]})
+    yield "huge token in prompt", http.post("/v1/sessions", json={"prompt": [10**30]})
+    yield "out-of-vocabulary proposal", _verify(http, session, tokens=(5, vocab))
+    yield "out-of-vocabulary append", _verify(http, session, append=(10**6,))
+    yield "negative block size", raw(np.array([3, 0, -2, 0], dtype="<i4").tobytes())
+    yield "huge block size", raw(np.array([3, 0, 2**31 - 1, 0], dtype="<i4").tobytes())
+    yield "truncated body", raw(encode_verify_request(3, [], [5, 6])[:-2])
+    yield "empty body", raw(b"")
+    yield "keep past the context", _verify(http, session, keep=99)
+    yield "empty context", _verify(http, session, keep=0)
+    yield "unknown session", _verify(http, "no-such-session")
+    yield "unknown session delete", http.delete("/v1/sessions/no-such-session")
+    yield "oversize body", raw(b"\0" * (VerifierSettings(target="x").max_body_bytes + 1))
+    yield "unknown route", http.get("/v2/nothing")
+    yield "wrong method", http.get("/v1/sessions")
+
+
+def test_bad_input_is_a_4xx_with_a_message_and_the_server_keeps_serving(http, target_lm):
+    session = _open(http, temperature=1.0)
+    for what, response in _bad_requests(http, session, target_lm.vocab_size):
+        assert 400 <= response.status_code < 500, (what, response.status_code, response.text)
+        assert response.json()["detail"], what
+    bad_q = [
+        ("q misses the token", (np.array([[7, 8]]), np.array([[0.5, 0.5]], dtype=np.float32))),
+        ("q is negative", (np.array([[5, 8]]), np.array([[1.5, -0.5]], dtype=np.float32))),
+        ("q is NaN", (np.array([[5, 8]]), np.array([[np.nan, 0.5]], dtype=np.float32))),
+        ("q sums past 1", (np.array([[5, 8]]), np.array([[0.9, 0.9]], dtype=np.float32))),
+        ("q id out of vocabulary", (np.array([[5, 10**6]]), np.array([[0.5, 0.5]], dtype=np.float32))),
+    ]
+    for what, q in bad_q:
+        response = _verify(http, session, tokens=(5,), q=q)
+        assert response.status_code == 422 and response.json()["detail"], what
+    good = _verify(http, session, tokens=(5, 6), q=(np.array([[5], [6]]), np.ones((2, 1), dtype=np.float32)))
+    assert good.status_code == 200
+    answer = decode_verify_response(good.content, 2)
+    assert 0 <= answer.n_accepted <= 2 and 0 <= answer.next_token < target_lm.vocab_size
+
+
+def test_a_client_sees_server_refusals_as_clear_errors(url):
+    target = RemoteTarget(url)
+    with pytest.raises(RemoteVerifierError, match="before start"):
+        target.verify([1], Proposal(torch.tensor([2])))
+    config = GenerationConfig(sampling=SamplingConfig(temperature=1.0))
+    target.start([1, 2], config, None)
+    vocab = target.info.vocab_size
+    with pytest.raises(RemoteVerifierError, match="422.*vocabulary"):
+        target.verify([1, 2], Proposal(torch.tensor([vocab]), torch.full((1, vocab + 1), 1.0 / (vocab + 1))))
+    target.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_cli_serves_and_shuts_down_cleanly():
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DRAFTWISE_VERIFIER_API_KEY": "k"}
+    process = subprocess.Popen(
+        [*DRAFTWISE, "serve-verifier", "--target", "tiny:0", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert httpx.get(f"{base}/health").status_code == 200
+                break
+            except httpx.TransportError:
+                assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+                time.sleep(0.2)
+        assert httpx.get(f"{base}/info").status_code == 401  # key taken from the environment
+        with connect(base, api_key="k") as target:
+            assert target.info.model == "tiny:0"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_cli_rejects_bad_settings_in_one_line():
+    result = subprocess.run(
+        [*DRAFTWISE, "serve-verifier", "--target", "tiny:0", "--max-sessions", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--max-sessions" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_generate_cli_with_a_remote_verifier(url, target_lm):
+    """``draftwise generate --verifier`` through the real entry point gives the local tokens."""
+    config = GenerationConfig(max_new_tokens=16, ignore_eos=True, draft=FIXED)
+    expected = SpeculativeEngine.from_models(target_lm, tiny_lm(1)).generate("Hello", config).tokens
+    flags = ["--draft", "tiny:1", "--verifier", url, "--max-new-tokens", "16", "--ignore-eos", "--k-policy", "fixed",
+             "--k", "4", "--json", "Hello"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*DRAFTWISE, "generate", *flags], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["tokens"] == expected
+    refused = subprocess.run([*DRAFTWISE, "generate", *flags, "--compare"], capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert refused.returncode != 0 and "--verifier" in refused.stderr and "Traceback" not in refused.stderr
