@@ -9,7 +9,8 @@ from pathlib import Path
 
 from draftwise.api.app import create_app
 from draftwise.api.settings import ServerSettings
-from draftwise.bench import BenchConfig, run_bench
+from draftwise.bench.config import BenchConfig
+from draftwise.bench.runner import run_bench
 from draftwise.config import GenerationConfig
 from draftwise.model import CausalLM
 from draftwise.remote.server import serve_in_background

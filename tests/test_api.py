@@ -268,18 +268,20 @@ def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
         assert m[("draftwise_requests_rejected_total", ())] == 1
         assert m[("draftwise_requests_total", (("code", "429"), ("endpoint", "/v1/completions")))] == 1
         # The worker is free again.
-        assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5).usage.completion_tokens == 5
+        again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0)
+        assert again.usage.completion_tokens == 5
 
 
 def test_request_timeout(tiny_target):
     for url in _serve(tiny_target, request_timeout=0.3):
         client = _client(url)
         with pytest.raises(openai.APIStatusError) as timed_out:
-            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3000)
+            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3000, temperature=0)
         assert timed_out.value.status_code == 504
         assert timed_out.value.body["code"] == "request_timeout"
         with pytest.raises(openai.APIError, match="longer than"):
-            for _ in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3000, stream=True):
+            for _ in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3000, temperature=0,
+                                               stream=True):
                 pass
         _wait_for(lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "timeout"),))) == 2)
         assert _metrics(url)[("draftwise_generated_tokens_total", ())] < 1500
@@ -288,7 +290,8 @@ def test_request_timeout(tiny_target):
 def test_non_streaming_disconnect_cancels(tiny_target):
     for url in _serve(tiny_target):
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 3000},
+            httpx.post(f"{url}/v1/completions",
+                       json={"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "temperature": 0},
                        timeout=httpx.Timeout(5.0, read=0.5))
         _wait_for(lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),))) == 1)
         assert _metrics(url)[("draftwise_generated_tokens_total", ())] < 1500
@@ -307,8 +310,9 @@ def test_engine_failure_is_reported_not_hidden(tiny_target, monkeypatch):
         with monkeypatch.context() as patch:
             patch.setattr(Worker, "engine", broken)
             with pytest.raises(openai.InternalServerError, match="engine exploded"):
-                client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5)
+                client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0)
             with pytest.raises(openai.APIError, match="engine exploded"):
                 list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, stream=True))
         assert _metrics(url)[("draftwise_generations_total", (("finish_reason", "error"),))] == 2
-        assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5).usage.completion_tokens == 5
+        again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0)
+        assert again.usage.completion_tokens == 5

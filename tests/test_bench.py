@@ -10,7 +10,9 @@ from statistics import mean
 
 import pytest
 
-from draftwise.bench import BenchConfig, DatasetError, load_prompts, run_bench
+from draftwise.bench.config import BenchConfig
+from draftwise.bench.dataset import DatasetError, load_prompts
+from draftwise.bench.runner import run_bench
 from draftwise.bench.analysis import OVERALL, predicted_speedup, prompt_rate
 from draftwise.bench.audit import NEAR_TIE, audit_prompt, first_difference
 from draftwise.bench.config import METHODS

@@ -23,8 +23,8 @@ from draftwise.dashboard.client import ApiClient, ApiError, RunRequest  # noqa: 
 from draftwise.dashboard.live import LiveRun, compare  # noqa: E402
 from draftwise.dashboard.render import legend_html, token_title, tokens_html, visible  # noqa: E402
 from draftwise.dashboard.report import ReportError, load_bench, method_table, record_table  # noqa: E402
-from draftwise.engine import SpeculativeEngine  # noqa: E402
 from draftwise.drafters import ModelDrafter  # noqa: E402
+from draftwise.engine import SpeculativeEngine  # noqa: E402
 from draftwise.target import LocalTarget  # noqa: E402
 
 PROMPT = "Once upon a time"
@@ -61,7 +61,7 @@ def _chunks() -> list[dict]:
 
 def _run() -> LiveRun:
     run = LiveRun(drafter="model")
-    for at, chunk in zip((0.6, 0.7, 0.8, 0.8), _chunks()):
+    for at, chunk in zip((0.6, 0.7, 0.8, 0.8), _chunks(), strict=True):
         run.add_chunk(chunk, at)
     return run
 

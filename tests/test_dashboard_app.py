@@ -9,9 +9,8 @@ import pytest
 
 pytest.importorskip("streamlit")
 pytest.importorskip("fastapi")
-from streamlit.testing.v1 import AppTest  # noqa: E402
-
 from dashboard_support import FIXED, live_api, tiny_bench  # noqa: E402
+from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from draftwise.dashboard.client import API_URL_ENV  # noqa: E402
 from draftwise.dashboard.page import BENCH_DIR_ENV  # noqa: E402

@@ -110,7 +110,7 @@ def test_tokens_of_every_provenance_class_show_up(dashboard: str, artifacts: Pat
     with playwright_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1400})
+            page = browser.new_page(viewport={"width": 1500, "height": 2300})
             page.goto(dashboard)
             page.get_by_role("button", name="Generate").wait_for(timeout=STARTUP_S * 1000)
             assert page.get_by_text("serving tiny:0, draft tiny:0").is_visible()

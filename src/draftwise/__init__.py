@@ -6,35 +6,53 @@
     >>> result = engine.generate("Hello", GenerationConfig(max_new_tokens=8))
     >>> len(result.tokens) <= 8
     True
+
+The names below are imported on first use, so that ``import draftwise`` (and every CLI
+command, including a one-line error) does not pay for importing torch and transformers.
 """
 
-from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
-from draftwise.drafters import Drafter, ModelDrafter, NGramDrafter, Proposal
-from draftwise.engine import GenerationResult, SpeculativeEngine, autoregressive
-from draftwise.events import StepEvent
-from draftwise.metrics import GenerationMetrics
-from draftwise.model import CausalLM
-from draftwise.target import LocalTarget, Target
-from draftwise.verify import TokenSource, Verdict
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CausalLM",
-    "DraftConfig",
-    "Drafter",
-    "GenerationConfig",
-    "GenerationMetrics",
-    "GenerationResult",
-    "LocalTarget",
-    "ModelDrafter",
-    "NGramDrafter",
-    "Proposal",
-    "SamplingConfig",
-    "SpeculativeEngine",
-    "StepEvent",
-    "Target",
-    "TokenSource",
-    "Verdict",
-    "autoregressive",
-]
+_EXPORTS = {
+    "CausalLM": "draftwise.model",
+    "DraftConfig": "draftwise.config",
+    "Drafter": "draftwise.drafters",
+    "GenerationConfig": "draftwise.config",
+    "GenerationMetrics": "draftwise.metrics",
+    "GenerationResult": "draftwise.engine",
+    "LocalTarget": "draftwise.target",
+    "ModelDrafter": "draftwise.drafters",
+    "NGramDrafter": "draftwise.drafters",
+    "Proposal": "draftwise.drafters",
+    "SamplingConfig": "draftwise.config",
+    "SpeculativeEngine": "draftwise.engine",
+    "StepEvent": "draftwise.events",
+    "Target": "draftwise.target",
+    "TokenSource": "draftwise.verify",
+    "Verdict": "draftwise.verify",
+    "autoregressive": "draftwise.engine",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+    from draftwise.drafters import Drafter, ModelDrafter, NGramDrafter, Proposal
+    from draftwise.engine import GenerationResult, SpeculativeEngine, autoregressive
+    from draftwise.events import StepEvent
+    from draftwise.metrics import GenerationMetrics
+    from draftwise.model import CausalLM
+    from draftwise.target import LocalTarget, Target
+    from draftwise.verify import TokenSource, Verdict
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'draftwise' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -108,8 +108,8 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from transformers.utils import logging as hf_logging
 
-        from draftwise.bench import Bench, BenchError, DatasetError
-        from draftwise.bench.runner import run_bench
+        from draftwise.bench.dataset import DatasetError
+        from draftwise.bench.runner import Bench, BenchError, run_bench
         from draftwise.loading import ModelLoadError
 
         # transformers warns on every assisted call about how generation options were passed;

@@ -27,7 +27,7 @@ def acceptance_by_position(run: LiveRun) -> pd.DataFrame:
     reached = [sum(s.proposed > i for s in run.steps) for i in range(longest)]
     kept = [sum(s.accepted > i for s in run.steps) for i in range(longest)]
     return pd.DataFrame(
-        {"acceptance": [k / r if r else 0.0 for k, r in zip(kept, reached)], "proposals": reached},
+        {"acceptance": [k / r if r else 0.0 for k, r in zip(kept, reached, strict=True)], "proposals": reached},
         index=pd.Index(range(1, longest + 1), name="position in block"),
     )
 

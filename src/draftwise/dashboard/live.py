@@ -167,7 +167,7 @@ class Comparison:
 def compare(speculative: LiveRun, plain: LiveRun) -> Comparison:
     """The same prompt with and without speculation: rates, speedup, same tokens or not."""
     a, b = speculative.token_ids, plain.token_ids
-    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     if first is None and len(a) != len(b):
         first = min(len(a), len(b))
     spec_rate, plain_rate = speculative.tokens_per_second, plain.tokens_per_second

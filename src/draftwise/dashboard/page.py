@@ -72,8 +72,9 @@ def _draw_charts(slot: Any, run: LiveRun) -> None:
         left, right = st.columns(2)
         with left:
             st.caption("Draft length asked (k), proposed and accepted, per target pass")
-            st.line_chart(charts.per_step(run)[["accepted", "k", "proposed"]], height=220,
-                          color=[LINE_COLOURS[ACCEPTED], LINE_COLOURS["other"], LINE_COLOURS[CORRECTED]])
+            # Accepted last, so it is drawn on top where every proposal was kept.
+            st.line_chart(charts.per_step(run)[["k", "proposed", "accepted"]], height=220,
+                          color=[LINE_COLOURS["other"], LINE_COLOURS[CORRECTED], LINE_COLOURS[ACCEPTED]])
             st.caption("Tokens produced vs target passes")
             st.line_chart(charts.tokens_vs_passes(run), height=220, color=[LINE_COLOURS[BONUS], LINE_COLOURS["other"]])
         with right:
@@ -183,6 +184,8 @@ def live_view() -> None:
         spec = LiveRun(drafter=request.drafter)
         plain = LiveRun(drafter="off") if options["side_by_side"] else None
         st.session_state["runs"] = (spec, plain, request.temperature == 0)
+        if plain is not None:
+            _draw_run(plain_slots, plain, "runs once the speculative run has finished")
         _stream_into(client, request.body(model), spec, spec_slots, chart_slot)
         if plain is not None and spec.error is None:
             _stream_into(client, request.body(model, drafter="off"), plain, plain_slots, None)
@@ -223,7 +226,7 @@ def report_view() -> None:
     st.dataframe(record_table(results, group, method), width="stretch", hide_index=True)
     if results.plots:
         st.subheader("Plots (whole run)")
-        for column, plot in zip(st.columns(len(results.plots)), results.plots):
+        for column, plot in zip(st.columns(len(results.plots)), results.plots, strict=True):
             column.image(str(plot), caption=plot.stem)
     if results.report_md:
         with st.expander("report.md"):
