@@ -108,3 +108,31 @@ def test_cost_learns_timing_from_steps_without_proposals():
 @pytest.mark.parametrize(("name", "cls"), [("fixed", FixedK), ("heuristic", HeuristicK), ("cost", CostAwareK)])
 def test_make_policy(name, cls):
     assert isinstance(make_policy(DraftConfig(k_policy=name)), cls)
+
+
+def _pass_seconds(tokens: int) -> float:
+    """A CPU-like target: 0.4 s for one token, 0.12 s more for each extra token scored."""
+    return 0.4 + 0.12 * (tokens - 1)
+
+
+def test_cost_accounts_for_verification_that_grows_with_the_block():
+    # Free drafts (n-gram) with poor acceptance: on a flat-cost target long blocks would be
+    # worth trying, but here every extra token makes the pass slower, so drafting must stop.
+    growing = CostAwareK(DraftConfig(k=4, k_max=12, probe_every=1000))
+    flat = CostAwareK(DraftConfig(k=4, k_max=12, probe_every=1000))
+    for proposed in [4, 0, 8, 2, 12, 0, 6, 1, 4, 8, 3, 12]:
+        accepted = 1 if proposed >= 12 else 0
+        growing.update(proposed, proposed, accepted, 1e-5 * proposed, _pass_seconds(proposed + 1))
+        flat.update(proposed, proposed, accepted, 1e-5 * proposed, 0.4)
+    assert growing.alpha < 0.25
+    assert growing.cost_ratio == pytest.approx((1e-5 + 0.12) / 0.4, rel=1e-6)
+    assert growing.next_k() == 0
+    assert flat.cost_ratio == pytest.approx(1e-5 / 0.4, rel=1e-6)
+    assert flat.next_k() >= 1
+
+
+def test_cost_assumes_flat_verification_until_block_sizes_differ():
+    policy = CostAwareK(DraftConfig(k=4, k_max=12))
+    for _ in range(5):
+        policy.update(4, 4, 4, 0.04, 0.5)
+    assert policy.cost_ratio == pytest.approx(0.01 / 0.5)

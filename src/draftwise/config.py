@@ -29,7 +29,7 @@ class SamplingConfig(_Strict):
     temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = off")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass to keep; 1 = off")
-    seed: int | None = Field(None, ge=0, description="seed of the sampling generator")
+    seed: int | None = Field(None, ge=0, le=2**63 - 2, description="seed of the sampling generator")
 
     @property
     def greedy(self) -> bool:

@@ -71,9 +71,7 @@ class ModelDrafter:
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         self._config = config
         self._generator = generator
-        self.lm.reset()
-        if len(prompt) > 1:
-            self.lm.forward(prompt[:-1], last=1)
+        self.lm.prefill(prompt)
 
     def propose(self, context: Sequence[int], k: int) -> Proposal:
         if k <= 0:

@@ -50,6 +50,13 @@ class CausalLM:
         self.cache.reset()
         self.tokens = []
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Start a new sequence: cache everything but the prompt's last token, which is fed
+        with the first block (its scores are what the first step needs)."""
+        self.reset()
+        if len(prompt) > 1:
+            self.forward(prompt[:-1], last=1)
+
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], last: int | None = None) -> torch.Tensor:
         """Append ``tokens`` to the cache and return float32 scores ``[n, V]``.

@@ -59,14 +59,53 @@ def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     return tokens / (1.0 + k * cost_ratio)
 
 
+class _DecayedLine:
+    """Least-squares line ``y = a + b x`` over exponentially forgotten samples.
+
+    Used for the verification time as a function of the tokens scored in one pass: on a
+    GPU the line is nearly flat, on a CPU it can climb steeply, and the best k differs.
+    """
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self._w = self._x = self._xx = self._y = self._xy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self._w, self._x, self._xx = d * self._w + 1, d * self._x + x, d * self._xx + x * x
+        self._y, self._xy = d * self._y + y, d * self._xy + x * y
+
+    @property
+    def empty(self) -> bool:
+        return self._w == 0
+
+    def fit(self) -> tuple[float, float]:
+        """(intercept, slope); the slope is 0 until the samples differ in x, never negative."""
+        spread = self._w * self._xx - self._x * self._x
+        slope = (self._w * self._xy - self._x * self._y) / spread if spread > 1e-9 * self._w**2 else 0.0
+        slope = max(0.0, slope)
+        return (self._y - slope * self._x) / self._w, slope
+
+    def at(self, x: float) -> float:
+        a, b = self.fit()
+        return a + b * x
+
+
 class CostAwareK:
     """Pick the k that maximises expected tokens/s from measured acceptance and timings.
 
     Acceptance ``alpha`` is estimated as accepted / (accepted + rejections) with exponential
     forgetting (the maximum-likelihood estimate when each draft token is accepted
-    independently with probability alpha); ``c`` is the measured time of one draft token over
-    the measured time of one verification pass. When no k >= 1 beats plain decoding, the
-    policy drafts nothing, and every ``probe_every`` such steps it drafts once to re-measure.
+    independently with probability alpha). The cost of one more draft token, relative to a
+    plain decoding step, is ``c = (t_draft + t_verify_slope) / t_verify(1)``: the measured
+    time of one draft token plus what one more token adds to the verification pass (fitted
+    from measured passes of different sizes), over the measured time of a one-token pass.
+    When no k >= 1 beats plain decoding, the policy drafts nothing, and every
+    ``probe_every`` such steps it drafts once to re-measure.
+
+    Example: t_verify(1) = 0.4 s growing by 0.12 s per extra token, free n-gram drafts and
+    alpha = 0.25: c = 0.3, and no k beats plain decoding (k = 1 gives 1.25 / 1.3), so the
+    policy turns drafting off rather than lose speed.
     """
 
     DECAY = 0.9
@@ -79,7 +118,7 @@ class CostAwareK:
         self._accepted = 2.1
         self._rejected = 0.9
         self._draft_token_seconds: float | None = None
-        self._verify_seconds: float | None = None
+        self._verify = _DecayedLine(self.DECAY)  # seconds of a verification pass vs tokens scored
         self._idle_steps = 0
 
     @property
@@ -88,9 +127,12 @@ class CostAwareK:
 
     @property
     def cost_ratio(self) -> float | None:
-        if self._draft_token_seconds is None or not self._verify_seconds:
+        if self._draft_token_seconds is None or self._verify.empty:
             return None
-        return self._draft_token_seconds / self._verify_seconds
+        one_token = self._verify.at(1)
+        if one_token <= 0:
+            return None
+        return (self._draft_token_seconds + self._verify.fit()[1]) / one_token
 
     def best_k(self, minimum: int = 0) -> int:
         c = self.cost_ratio
@@ -109,15 +151,14 @@ class CostAwareK:
             return self.best_k(minimum=1)
         return 0
 
-    @staticmethod
-    def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
-        return new if old is None else (1 - weight) * old + weight * new
-
     def update(self, k: int, n_proposed: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        self._verify_seconds = self._ema(self._verify_seconds, verify_seconds)
+        self._verify.add(n_proposed + 1, verify_seconds)
         if n_proposed == 0:
             return
-        self._draft_token_seconds = self._ema(self._draft_token_seconds, draft_seconds / n_proposed)
+        per_token = draft_seconds / n_proposed
+        self._draft_token_seconds = (
+            per_token if self._draft_token_seconds is None else 0.7 * self._draft_token_seconds + 0.3 * per_token
+        )
         self._accepted = self.DECAY * self._accepted + n_accepted
         self._rejected = self.DECAY * self._rejected + (1 if n_accepted < n_proposed else 0)
 

@@ -48,9 +48,7 @@ class LocalTarget:
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         self._config = config
         self._generator = generator
-        self.lm.reset()
-        if len(prompt) > 1:
-            self.lm.forward(prompt[:-1], last=1)
+        self.lm.prefill(prompt)
 
     def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
         # The newest committed token is never in the cache yet: it is fed together with the

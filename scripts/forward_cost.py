@@ -1,0 +1,76 @@
+"""Forward-pass cost of a model for 1 new token vs a block of tokens, and of the matrix
+products behind it: the numbers that decide whether speculation can pay on this machine.
+
+    python scripts/forward_cost.py --model qwen2.5-coder-0.5b --dtype bfloat16
+    python scripts/forward_cost.py --matmul-only
+
+Speculation pays when scoring k+1 tokens in one target pass costs about what one token costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def model_cost(source: str, dtype: str, blocks: list[int], repeats: int, prefill: int) -> None:
+    from draftwise.loading import load_lm
+
+    lm = load_lm(source, dtype=dtype)
+    print(f"{source} ({lm.model.dtype}, {torch.get_num_threads()} threads), after a {prefill}-token prefill:")
+    context = list(range(1000, 1000 + prefill))
+    for n in blocks:
+        def step(n: int = n) -> None:
+            lm.rollback(prefill)
+            lm.forward(list(range(2000, 2000 + n)), last=n)
+
+        lm.reset()
+        lm.forward(context, last=1)
+        print(f"  {n:3d} tokens: {_median_ms(step, repeats):8.1f} ms")
+
+
+def matmul_cost(repeats: int) -> None:
+    k, n = 1536, 8960  # Qwen2.5-1.5B's MLP up-projection
+    weight = torch.randn(n, k) * 0.05
+    scales = weight.abs().amax(1) / 127
+    weight_int8 = (weight / scales[:, None]).round().to(torch.int8)
+    print(f"x[m, {k}] @ W[{n}, {k}]^T:")
+    for m in (1, 2, 5, 9, 13):
+        x = torch.randn(m, k)
+        f32 = _median_ms(lambda: torch.nn.functional.linear(x, weight), repeats)
+        bf16 = _median_ms(lambda: torch.nn.functional.linear(x.bfloat16(), weight.bfloat16()), repeats)
+        int8 = _median_ms(
+            lambda: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), weight_int8, scales.bfloat16()), repeats
+        )
+        print(f"  m={m:2d}: float32 {f32:6.2f} ms  bfloat16 {bf16:6.2f} ms  int8 weights {int8:6.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--blocks", default="1,2,5,9")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prefill", type=int, default=200)
+    parser.add_argument("--matmul-only", action="store_true")
+    args = parser.parse_args()
+    matmul_cost(args.repeats)
+    if not args.matmul_only:
+        model_cost(args.model, args.dtype, [int(b) for b in args.blocks.split(",")], args.repeats, args.prefill)
+
+
+if __name__ == "__main__":
+    main()
