@@ -23,7 +23,10 @@ run: setup
 	$(BIN)/draftwise pull default
 	$(BIN)/draftwise generate --chat "$(PROMPT)"
 
+# The integration tests run on a real 98 MB GGUF model (SmolLM2-135M); pulling it is a no-op
+# once it is in the cache.
 test: setup
+	$(BIN)/draftwise pull smollm2-135m -q
 	$(BIN)/python -m pytest -q
 
 clean:
