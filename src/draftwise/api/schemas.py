@@ -191,15 +191,24 @@ class CompletionChoice(BaseModel):
     logprobs: None = None
 
 
-class CompletionResponse(BaseModel):
+class _Envelope(BaseModel):
+    """What every completion response and stream chunk carries besides its choices."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
-    choices: list[CompletionChoice]
     usage: Usage | None = None
     speculative: dict[str, Any] | None = Field(None, description=_STATS_DOC)
     provenance: list[TokenProvenance] | None = None
+
+
+class _Chunk(_Envelope):
+    step: StepInfo | None = Field(None, description="the target pass of this chunk (with provenance)")
+
+
+class CompletionResponse(_Envelope):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
 
 
 class AssistantMessage(BaseModel):
@@ -214,15 +223,9 @@ class ChatChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Envelope):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage | None = None
-    speculative: dict[str, Any] | None = Field(None, description=_STATS_DOC)
-    provenance: list[TokenProvenance] | None = None
 
 
 class ChatDelta(BaseModel):
@@ -242,28 +245,14 @@ class ChatChunkChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Chunk):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    speculative: dict[str, Any] | None = None
-    provenance: list[TokenProvenance] | None = None
-    step: StepInfo | None = Field(None, description="the target pass of this chunk (with provenance)")
 
 
-class CompletionChunk(BaseModel):
-    id: str
+class CompletionChunk(_Chunk):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
-    speculative: dict[str, Any] | None = None
-    provenance: list[TokenProvenance] | None = None
-    step: StepInfo | None = Field(None, description="the target pass of this chunk (with provenance)")
 
 
 class ModelCard(BaseModel):
