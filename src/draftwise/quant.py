@@ -5,6 +5,9 @@ target, so a less exact draft only changes how many tokens are accepted, never w
 come out. Drafting on CPU is bound by the bytes of weights read per token, and int4 weights
 read a quarter of the bytes of bfloat16 ones.
 
+Library use only for now (``quantize_int4(draft_lm.model)``): no CLI flag applies it yet,
+because its speed on this CPU has not been measured end to end (the CPU-speed issue).
+
 Format (torch's packed int4 CPU kernel): each row of the weight is cut into groups of
 ``group_size`` input features; within a group ``w ~ (q - 8) * scale + zero`` with ``q`` in
 0..15, ``scale = (max - min) / 15`` and ``zero = min + 8 * scale``.
