@@ -56,6 +56,7 @@ def odd_tokenizer_model(tmp_path_factory) -> Path:
         (["--target", "tiny:0", "--k", "20", "--k-max", "8"], "k (20) must not exceed k_max (8)"),
         (["--target", "tiny:0", "--drafter", "magic"], "--drafter must be 'model' or 'ngram'"),
         (["--target", "tiny:0", "--file", "/nowhere/prompt.txt"], "cannot read prompt file"),
+        (["--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", "int3"], "quantize must be one of none, int8, int4"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(home, args, fragment):
@@ -87,6 +88,19 @@ def test_generate_json_with_compare(home):
     assert data["compare"]["identical"] is True and data["compare"]["tokens"] == data["tokens"]
     assert data["compare"]["metrics"]["target_passes"] == 12 and data["compare"]["speedup"] > 0
     assert data["config"]["draft"]["k"] == 3 and data["drafter"] == "model"
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_draft_keeps_the_output_of_the_plain_target(home, quant):
+    done = run(
+        "generate", "abcabcabc", "--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", quant, "--json",
+        "--compare", "--max-new-tokens", "16", "--ignore-eos", "--k-policy", "fixed", "--k", "3",
+        "--confidence-threshold", "0", home=home,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["metrics"]["proposed"] > 0
+    assert data["compare"]["identical"] is True
 
 
 def test_generate_streams_text_and_prints_stats_from_stdin(home):

@@ -27,6 +27,7 @@ from draftwise.model import CausalLM
 from draftwise.registry import REGISTRY, home, is_pulled, model_path
 
 DTYPES = ("auto", "float32", "bfloat16")
+QUANTIZE = ("none", "int8", "int4")
 
 
 class ModelLoadError(ValueError):
@@ -202,17 +203,22 @@ def load_lm(
     dtype: str = "auto",
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
+    quantize: str = "none",
 ) -> CausalLM:
     """Load ``source`` as a ``CausalLM`` with its tokenizer.
 
     ``log`` receives one-line notes meant for the user (the dtype decision, a first-time GGUF
-    conversion).
+    conversion). ``quantize`` (``none``, ``int8``, ``int4``) turns the linear layers into
+    weight-only quantized ones after loading: meant for draft models, whose precision cannot
+    change speculative output (see ``draftwise.quant``).
     """
     import torch
 
     log = log or (lambda message: None)
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if quantize not in QUANTIZE:
+        raise ModelLoadError(f"quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
     if threads is not None:
         if threads < 1:
             raise ModelLoadError(f"threads must be at least 1, got {threads}")
@@ -224,7 +230,7 @@ def load_lm(
             seed = int(source.split(":", 1)[1])
         except ValueError as exc:
             raise ModelLoadError(f"tiny model source must be 'tiny:SEED', got {source!r}") from exc
-        return tiny_lm(seed)
+        return _quantized(tiny_lm(seed), quantize)
 
     location = resolve(source)
     if dtype == "auto":
@@ -238,4 +244,12 @@ def load_lm(
         model, tokenizer = _load_gguf(location, torch_dtype, dtype, log)
     else:
         model, tokenizer = _load_pretrained(str(location), torch_dtype)
-    return CausalLM(model, tokenizer, name=source)
+    return _quantized(CausalLM(model, tokenizer, name=source), quantize)
+
+
+def _quantized(lm: CausalLM, quantize: str) -> CausalLM:
+    if quantize != "none":
+        from draftwise.quant import quantize_weights
+
+        quantize_weights(lm.model, bits=int(quantize.removeprefix("int")))
+    return lm

@@ -110,7 +110,9 @@ def _stats_table(metrics: Any, title: str):
     return table
 
 
-def _load_models(target: str, draft: str | None, drafter: str, dtype: str, threads: int | None, console):
+def _load_models(
+    target: str, draft: str | None, drafter: str, dtype: str, threads: int | None, console, draft_quant: str = "none"
+):
     """Load target (and draft model), check they fit together; one-line errors."""
     from draftwise.compat import IncompatibleModelsError, check_compatible
     from draftwise.drafters import NGramDrafter
@@ -123,7 +125,11 @@ def _load_models(target: str, draft: str | None, drafter: str, dtype: str, threa
         if drafter == "ngram":
             return target_lm, NGramDrafter()
         with console.status(f"loading draft {draft}"):
-            draft_lm = target_lm if draft == target else load_lm(draft, dtype=dtype, threads=threads, log=console.print)
+            draft_lm = (
+                target_lm
+                if draft == target
+                else load_lm(draft, dtype=dtype, threads=threads, log=console.print, quantize=draft_quant)
+            )
         if draft_lm is target_lm:
             # Same weights, separate KV cache: a draft that is always right (a check of the loop).
             draft_lm = CausalLM(target_lm.model, target_lm.tokenizer, name=target)
@@ -163,6 +169,7 @@ def _run(
     as_json: bool,
     dtype: str,
     threads: int | None,
+    draft_quant: str,
     verifier: str | None,
     values: dict[str, Any],
 ) -> None:
@@ -188,7 +195,7 @@ def _run(
 
     err = Console(stderr=True)
     out = Console(highlight=False)
-    target_lm, drafter_obj = _load_models(target, draft, drafter, dtype, threads, err)
+    target_lm, drafter_obj = _load_models(target, draft, drafter, dtype, threads, err, draft_quant)
 
     from draftwise.engine import GenerationResult, SpeculativeEngine, autoregressive
     from draftwise.metrics import GenerationMetrics
@@ -278,6 +285,9 @@ def register(app: typer.Typer) -> None:
         ("as_json", bool, typer.Option(False, "--json", help="print one JSON object instead of coloured text")),
         ("dtype", str, typer.Option("auto", help="auto (measure what is fastest here), float32 or bfloat16")),
         ("threads", Optional[int], typer.Option(None, help="CPU threads for torch; default: torch's choice")),
+        ("draft_quant", str, typer.Option(
+            "int8", help="weight-only quantization of the draft model: none, int8 or int4; the draft's "
+            "precision cannot change the output (the target checks every token), only its speed")),
         ("verifier", Optional[str], typer.Option(
             None, help="URL of a `draftwise serve-verifier` running the target: only the draft runs here "
             "(API key: $DRAFTWISE_VERIFIER_API_KEY)")),
