@@ -13,18 +13,13 @@ from typing import Any
 
 import typer
 
+from draftwise.cli.options import field_option
 from draftwise.bench.config import METHODS, BenchConfig
 from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
 
 # A first look in a few minutes on a 2-core CPU: the 135M model, drafting for itself (the
 # 'draft' and 'hf-assisted' methods) and with n-grams, one prompt per subtask, 64 tokens.
 QUICK = {"target": "smollm2-135m", "draft": "smollm2-135m", "limit": 1, "max_new_tokens": 64}
-
-
-def _opt(model: Any, name: str, *flags: str) -> Any:
-    """A typer option with the default and help text of ``model``'s field ``name``."""
-    field = model.model_fields[name]
-    return typer.Option(field.default, *flags, help=field.description or "")
 
 
 def _with_defaults(model: Any, name: str) -> str:
@@ -50,25 +45,25 @@ def register(app: typer.Typer) -> None:
         target: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "target")),
         draft: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "draft")),
         methods: str = typer.Option(",".join(METHODS), help="comma-separated methods; 'baseline' always runs"),
-        data: str = _opt(BenchConfig, "data"),
+        data: str = field_option(BenchConfig, "data"),
         subtasks: str | None = typer.Option(None, help="comma-separated subtasks (Spec-Bench: mt_bench, "
                                             "translation, summarization, qa, math_reasoning, rag); default all"),
         limit: int | None = typer.Option(None, help=_with_defaults(BenchConfig, "limit")),
         max_new_tokens: int | None = typer.Option(None, help=_with_defaults(GenerationConfig, "max_new_tokens")),
-        dtype: str = _opt(BenchConfig, "dtype"),
-        threads: int | None = _opt(BenchConfig, "threads"),
-        k_policy: str = _opt(DraftConfig, "k_policy"),
-        k: int = _opt(DraftConfig, "k"),
-        k_max: int = _opt(DraftConfig, "k_max"),
-        threshold: float = _opt(DraftConfig, "confidence_threshold", "--threshold"),
-        ngram_max: int = _opt(DraftConfig, "ngram_max"),
-        temperature: float = _opt(SamplingConfig, "temperature"),
-        top_k: int = _opt(SamplingConfig, "top_k"),
-        top_p: float = _opt(SamplingConfig, "top_p"),
-        seed: int | None = _opt(SamplingConfig, "seed"),
+        dtype: str = field_option(BenchConfig, "dtype"),
+        threads: int | None = field_option(BenchConfig, "threads"),
+        k_policy: str = field_option(DraftConfig, "k_policy"),
+        k: int = field_option(DraftConfig, "k"),
+        k_max: int = field_option(DraftConfig, "k_max"),
+        threshold: float = field_option(DraftConfig, "confidence_threshold", "--threshold"),
+        ngram_max: int = field_option(DraftConfig, "ngram_max"),
+        temperature: float = field_option(SamplingConfig, "temperature"),
+        top_k: int = field_option(SamplingConfig, "top_k"),
+        top_p: float = field_option(SamplingConfig, "top_p"),
+        seed: int | None = field_option(SamplingConfig, "seed"),
         chat: bool = typer.Option(True, "--chat/--no-chat", help=BenchConfig.model_fields["chat_template"].description),
         warmup: bool = typer.Option(True, "--warmup/--no-warmup", help=BenchConfig.model_fields["warmup"].description),
-        out: Path = _opt(BenchConfig, "out"),
+        out: Path = field_option(BenchConfig, "out"),
         quick: bool = typer.Option(False, "--quick", help="a first look in a few minutes: the small pair, "
                                    "one prompt per subtask, 64 tokens (explicit flags still win)"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),

@@ -29,6 +29,14 @@ class ConfigError(ValueError):
     """A flag value the config rejects; the message is one line."""
 
 
+def field_option(model: type[BaseModel], name: str, *flags: str, help: str | None = None, **kwargs: Any) -> Any:
+    """A typer option whose default and help text come from ``model``'s field ``name``
+    (a required field stays required)."""
+    field = model.model_fields[name]
+    default = ... if field.is_required() else field.default
+    return typer.Option(default, *flags, help=help or field.description or "", **kwargs)
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -6,20 +6,13 @@ defaults); their help texts are those fields' descriptions.
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 
 from draftwise.api.settings import ServerSettings
+from draftwise.cli.options import field_option
 from draftwise.config import DraftConfig, GenerationConfig
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
-
-
-def _opt(model: Any, name: str, *flags: str, help: str | None = None) -> Any:
-    """A typer option with the default and help text of ``model``'s field ``name``."""
-    field = model.model_fields[name]
-    return typer.Option(field.default, *flags, help=help or field.description or "")
 
 
 def _recommended(target: str) -> tuple[str | None, str]:
@@ -36,23 +29,23 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
         target: str = typer.Option(DEFAULT_TARGET, help=ServerSettings.model_fields["target"].description),
-        draft: str | None = _opt(ServerSettings, "draft"),
+        draft: str | None = field_option(ServerSettings, "draft"),
         drafter: str | None = typer.Option(
             None, help="default drafter of requests: model, ngram or off; default: the registry's recommendation "
             "for the target (model with --draft)"
         ),
-        host: str = _opt(ServerSettings, "host"),
-        port: int = _opt(ServerSettings, "port"),
-        workers: int = _opt(ServerSettings, "workers"),
-        queue_size: int = _opt(ServerSettings, "queue_size"),
-        request_timeout: float = _opt(ServerSettings, "request_timeout", "--timeout"),
-        max_context: int | None = _opt(ServerSettings, "max_context"),
-        max_tokens: int = _opt(GenerationConfig, "max_new_tokens", "--max-tokens", help="default max_tokens of a request"),
-        k_policy: str = _opt(DraftConfig, "k_policy"),
-        k: int = _opt(DraftConfig, "k"),
-        model_name: str | None = _opt(ServerSettings, "model_name"),
-        dtype: str = _opt(ServerSettings, "dtype"),
-        threads: int | None = _opt(ServerSettings, "threads"),
+        host: str = field_option(ServerSettings, "host"),
+        port: int = field_option(ServerSettings, "port"),
+        workers: int = field_option(ServerSettings, "workers"),
+        queue_size: int = field_option(ServerSettings, "queue_size"),
+        request_timeout: float = field_option(ServerSettings, "request_timeout", "--timeout"),
+        max_context: int | None = field_option(ServerSettings, "max_context"),
+        max_tokens: int = field_option(GenerationConfig, "max_new_tokens", "--max-tokens", help="default max_tokens of a request"),
+        k_policy: str = field_option(DraftConfig, "k_policy"),
+        k: int = field_option(DraftConfig, "k"),
+        model_name: str | None = field_option(ServerSettings, "model_name"),
+        dtype: str = field_option(ServerSettings, "dtype"),
+        threads: int | None = field_option(ServerSettings, "threads"),
     ) -> None:
         """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
         plus /metrics (Prometheus), /health and /docs."""

@@ -6,19 +6,12 @@ library cannot drift apart.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
+from draftwise.cli.options import field_option
 from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
-
-_FIELDS = VerifierSettings.model_fields
-
-
-def _option(name: str, *flags: str, **kwargs: Any) -> Any:
-    field = _FIELDS[name]
-    default = ... if field.is_required() else field.default
-    return typer.Option(default, *flags, help=field.description, **kwargs)
 
 
 def _one_line(exc: Exception) -> str:
@@ -32,18 +25,18 @@ def _one_line(exc: Exception) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("serve-verifier")
     def serve_verifier(
-        target: str = _option("target"),
-        dtype: str = _option("dtype"),
-        threads: Optional[int] = _option("threads"),  # noqa: UP045 (typer needs Optional on 3.10)
-        host: str = _option("host"),
-        port: int = _option("port"),
-        api_key: Optional[str] = _option("api_key", envvar=API_KEY_ENV, show_default=False),  # noqa: UP045
-        max_sessions: int = _option("max_sessions"),
-        idle_timeout_s: float = _option("idle_timeout_s", "--idle-timeout"),
-        max_context: int = _option("max_context"),
-        max_block: int = _option("max_block"),
-        max_q_entries: int = _option("max_q_entries"),
-        max_body_bytes: int = _option("max_body_bytes"),
+        target: str = field_option(VerifierSettings, "target"),
+        dtype: str = field_option(VerifierSettings, "dtype"),
+        threads: Optional[int] = field_option(VerifierSettings, "threads"),  # noqa: UP045 (typer needs Optional on 3.10)
+        host: str = field_option(VerifierSettings, "host"),
+        port: int = field_option(VerifierSettings, "port"),
+        api_key: Optional[str] = field_option(VerifierSettings, "api_key", envvar=API_KEY_ENV, show_default=False),  # noqa: UP045
+        max_sessions: int = field_option(VerifierSettings, "max_sessions"),
+        idle_timeout_s: float = field_option(VerifierSettings, "idle_timeout_s", "--idle-timeout"),
+        max_context: int = field_option(VerifierSettings, "max_context"),
+        max_block: int = field_option(VerifierSettings, "max_block"),
+        max_q_entries: int = field_option(VerifierSettings, "max_q_entries"),
+        max_body_bytes: int = field_option(VerifierSettings, "max_body_bytes"),
     ) -> None:
         """Serve a target model as a remote verifier: drafters elsewhere send one request per block."""
         from pydantic import ValidationError
