@@ -1,7 +1,9 @@
 """Forward-pass cost of a model for 1 new token vs a block of tokens, and of the matrix
 products behind it: the numbers that decide whether speculation can pay on this machine.
 
-    python scripts/forward_cost.py --model qwen2.5-coder-0.5b --dtype bfloat16
+    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype float32            # packed (default)
+    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype float32 --no-pack
+    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype bfloat16
     python scripts/forward_cost.py --matmul-only
 
 Speculation pays when scoring k+1 tokens in one target pass costs about what one token costs.
@@ -26,19 +28,21 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def model_cost(source: str, dtype: str, blocks: list[int], repeats: int, prefill: int) -> None:
+def model_cost(source: str, dtype: str, blocks: list[int], repeats: int, prefill: int, pack: bool) -> None:
     from draftwise.loading import load_lm
 
-    lm = load_lm(source, dtype=dtype)
-    print(f"{source} ({lm.model.dtype}, {torch.get_num_threads()} threads), after a {prefill}-token prefill:")
-    context = list(range(1000, 1000 + prefill))
+    lm = load_lm(source, dtype=dtype, pack=pack)
+    lm.reset()
+    started = time.perf_counter()
+    lm.forward(list(range(1000, 1000 + prefill)), last=1)
+    packed = "packed " if pack and dtype == "float32" else ""
+    print(f"{source} ({packed}{lm.model.dtype}, {torch.get_num_threads()} threads): "
+          f"{prefill}-token prefill {time.perf_counter() - started:.1f} s; after it:")
     for n in blocks:
         def step(n: int = n) -> None:
             lm.rollback(prefill)
             lm.forward(list(range(2000, 2000 + n)), last=n)
 
-        lm.reset()
-        lm.forward(context, last=1)
         print(f"  {n:3d} tokens: {_median_ms(step, repeats):8.1f} ms")
 
 
@@ -65,11 +69,14 @@ def main() -> None:
     parser.add_argument("--blocks", default="1,2,5,9")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefill", type=int, default=200)
+    parser.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
+                        help="pre-pack float32 weights for oneDNN, as draftwise does by default")
     parser.add_argument("--matmul-only", action="store_true")
     args = parser.parse_args()
     matmul_cost(args.repeats)
     if not args.matmul_only:
-        model_cost(args.model, args.dtype, [int(b) for b in args.blocks.split(",")], args.repeats, args.prefill)
+        model_cost(args.model, args.dtype, [int(b) for b in args.blocks.split(",")], args.repeats, args.prefill,
+                   args.pack)
 
 
 if __name__ == "__main__":

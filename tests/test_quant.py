@@ -1,12 +1,23 @@
-"""Weight-only int4 quantization of a draft: close to the dense layer, and never changes output."""
+"""Weight formats: int4 drafts are close to the dense layer and never change output; packed
+float32 layers compute what the dense ones do."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from draftwise import DraftConfig, GenerationConfig, SpeculativeEngine, autoregressive
-from draftwise.quant import Int4Linear, quantize_int4
+from draftwise.loading import load_lm
+from draftwise.quant import (
+    DENSE_ROWS,
+    Int4Linear,
+    Int8Linear,
+    PackedLinear,
+    can_pack,
+    pack_linears,
+    quantize_int4,
+)
 from draftwise.tiny import tiny_lm
 
 
@@ -40,3 +51,61 @@ def test_an_int4_draft_leaves_greedy_output_unchanged():
     spec = SpeculativeEngine.from_models(target, draft).generate("Hello world", config)
     assert spec.tokens == plain.tokens
     assert spec.metrics.proposed > 0
+
+
+needs_onednn = pytest.mark.skipif(not can_pack(), reason="this torch build has no oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_computes_the_dense_layer(bias):
+    torch.manual_seed(0)
+    dense = nn.Linear(96, 40, bias=bias)
+    packed = PackedLinear(dense)
+    for shape in [(1, 96), (9, 96), (2, 7, 96)]:
+        x = torch.randn(*shape)
+        out = packed(x)
+        assert out.shape == (*shape[:-1], 40) and out.dtype == torch.float32
+        torch.testing.assert_close(out, dense(x), rtol=1e-5, atol=1e-5)
+    assert "packed" not in packed.state_dict()  # the opaque oneDNN copy is never saved
+
+
+@needs_onednn
+def test_pack_linears_leaves_layers_that_are_not_float32():
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16).to(torch.bfloat16))
+    assert pack_linears(model) == 1
+    assert isinstance(model[0], PackedLinear) and isinstance(model[1], nn.Linear)
+
+
+@needs_onednn
+def test_a_packed_target_keeps_its_logits_and_speculation_stays_exact():
+    dense, packed = load_lm("tiny:0"), load_lm("tiny:0", pack=True)
+    assert not any(isinstance(m, PackedLinear) for m in dense.model.modules())  # tiny models: off by default
+    assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
+    ids = list(range(5, 25))
+    torch.testing.assert_close(packed.forward(ids, last=len(ids)), dense.forward(ids, last=len(ids)),
+                               rtol=1e-4, atol=1e-4)
+
+    config = GenerationConfig(
+        max_new_tokens=40, ignore_eos=True, draft=DraftConfig(k_policy="fixed", k=4, confidence_threshold=0)
+    )
+    plain = autoregressive(packed).generate("Hello world", config)
+    spec = SpeculativeEngine.from_models(packed, load_lm("tiny:0", pack=True)).generate("Hello world", config)
+    assert spec.tokens == plain.tokens
+    assert spec.metrics.mean_accepted_length == 5.0  # draft == target: every block accepted whole
+
+
+@pytest.mark.parametrize("make", [lambda dense: Int4Linear(dense, group_size=64), Int8Linear])
+def test_long_prefills_use_the_same_quantized_weights_as_the_kernel(make):
+    # Above DENSE_ROWS rows the layer multiplies by its dequantized weights in float32; a
+    # few rows go through torch's weight-only kernel (bfloat16 activations). Same weights,
+    # so the two agree to bfloat16 precision, and both differ from the dense original.
+    torch.manual_seed(0)
+    dense = nn.Linear(128, 48, bias=True)
+    layer = make(dense)
+    x = torch.randn(DENSE_ROWS + 8, 128)
+    many = layer(x)
+    few = torch.cat([layer(x[i:i + 4]) for i in range(0, len(x), 4)])
+    torch.testing.assert_close(many, few, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(many, x @ layer.dense_weight().T + layer.bias.float(), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(layer.dense_weight(), dense.weight.detach())

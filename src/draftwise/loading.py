@@ -22,12 +22,14 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
 
+from draftwise.config import DraftQuant
 from draftwise.model import CausalLM
 from draftwise.registry import REGISTRY, home, is_pulled, model_path
 
 DTYPES = ("auto", "float32", "bfloat16")
-QUANTIZE = ("none", "int8", "int4")
+QUANTIZE = get_args(DraftQuant)
 
 
 class ModelLoadError(ValueError):
@@ -44,20 +46,28 @@ def _quiet_transformers() -> None:
 
 def _bench_linear(torch_dtype, reps: int = 5) -> float:
     """Best-of-``reps`` seconds of a decoder-sized matrix product in ``torch_dtype``, for one
-    row (a decoding step) plus eight rows (a verification block)."""
+    row (a decoding step) plus eight rows (a verification block); float32 is timed packed,
+    as ``load_lm`` runs it."""
     import torch
 
+    from draftwise.quant import pack_linears
+
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(4096, 1536, generator=generator).to(torch_dtype)
+    layer = torch.nn.Sequential(torch.nn.Linear(1536, 4096, bias=False))
+    layer[0].weight.data = torch.randn(4096, 1536, generator=generator)
+    if torch_dtype == torch.float32:
+        pack_linears(layer)
+    else:
+        layer.to(torch_dtype)
     total = 0.0
     with torch.inference_mode():
         for rows in (1, 8):
             x = torch.randn(rows, 1536, generator=generator).to(torch_dtype)
-            torch.nn.functional.linear(x, weight)  # warm-up: first calls pick kernels
+            layer(x)  # warm-up: first calls pick kernels
             best = float("inf")
             for _ in range(reps):
                 started = time.perf_counter()
-                torch.nn.functional.linear(x, weight)
+                layer(x)
                 best = min(best, time.perf_counter() - started)
             total += best
     return total
@@ -76,7 +86,7 @@ def pick_dtype(root: Path | None = None) -> tuple[str, str]:
 
     cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
                platform.processor())
-    key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+    key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|float32 packed"
     cache = (root or home()) / "dtype.json"
     try:
         decisions = json.loads(cache.read_text())
@@ -204,13 +214,16 @@ def load_lm(
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
     quantize: str = "none",
+    pack: bool | None = None,
 ) -> CausalLM:
     """Load ``source`` as a ``CausalLM`` with its tokenizer.
 
     ``log`` receives one-line notes meant for the user (the dtype decision, a first-time GGUF
     conversion). ``quantize`` (``none``, ``int8``, ``int4``) turns the linear layers into
     weight-only quantized ones after loading: meant for draft models, whose precision cannot
-    change speculative output (see ``draftwise.quant``).
+    change speculative output (see ``draftwise.quant``). ``pack`` stores the remaining
+    float32 linear layers in oneDNN's layout (same values; a block of new tokens then costs
+    little more than one); None packs real models and leaves ``tiny:`` ones as they are.
     """
     import torch
 
@@ -230,7 +243,7 @@ def load_lm(
             seed = int(source.split(":", 1)[1])
         except ValueError as exc:
             raise ModelLoadError(f"tiny model source must be 'tiny:SEED', got {source!r}") from exc
-        return _quantized(tiny_lm(seed), quantize)
+        return _converted(tiny_lm(seed), quantize, bool(pack))
 
     location = resolve(source)
     if dtype == "auto":
@@ -244,12 +257,16 @@ def load_lm(
         model, tokenizer = _load_gguf(location, torch_dtype, dtype, log)
     else:
         model, tokenizer = _load_pretrained(str(location), torch_dtype)
-    return _quantized(CausalLM(model, tokenizer, name=source), quantize)
+    return _converted(CausalLM(model, tokenizer, name=source), quantize, pack is not False)
 
 
-def _quantized(lm: CausalLM, quantize: str) -> CausalLM:
+def _converted(lm: CausalLM, quantize: str, pack: bool) -> CausalLM:
+    """Apply the weight formats of ``draftwise.quant``: quantization first, then packing of
+    whatever float32 layers are left."""
+    from draftwise.quant import pack_linears, quantize_weights
+
     if quantize != "none":
-        from draftwise.quant import quantize_weights
-
         quantize_weights(lm.model, bits=int(quantize.removeprefix("int")))
+    if pack:
+        pack_linears(lm.model)
     return lm

@@ -298,7 +298,8 @@ def create_app(settings: ServerSettings, *, target: CausalLM | None = None, draf
     if target is None:
         target = load_lm(settings.target, dtype=settings.dtype, threads=settings.threads, log=log)
     if draft is None and settings.draft is not None:
-        draft = load_lm(settings.draft, dtype=settings.dtype, threads=settings.threads, log=log)
+        draft = load_lm(settings.draft, dtype=settings.dtype, threads=settings.threads, log=log,
+                        quantize=settings.draft_quant)
     if target.tokenizer is None:
         raise ValueError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
 

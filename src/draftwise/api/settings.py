@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from draftwise.config import GenerationConfig
+from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, DraftQuant, GenerationConfig
 
 DrafterName = Literal["model", "ngram", "off"]
 
@@ -27,6 +27,7 @@ class ServerSettings(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="weights dtype; auto = what this CPU runs fastest"
     )
+    draft_quant: DraftQuant = Field(DEFAULT_DRAFT_QUANT, description=DRAFT_QUANT_HELP)
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch's default")
     host: str = Field("127.0.0.1", description="address to bind; loopback unless told otherwise")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")

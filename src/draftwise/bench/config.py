@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from draftwise.config import GenerationConfig
+from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, DraftQuant, GenerationConfig
 
 MethodName = Literal["baseline", "draft", "ngram", "hf-assisted", "hf-pld", "hf-baseline"]
 METHODS: tuple[MethodName, ...] = ("baseline", "draft", "ngram", "hf-assisted", "hf-pld", "hf-baseline")
@@ -34,6 +34,7 @@ class BenchConfig(BaseModel):
     subtasks: tuple[str, ...] | None = Field(None, description="subtasks to run; None = all in the data")
     limit: int | None = Field(None, ge=1, description="prompts per subtask")
     dtype: str = Field("auto", description="model dtype, passed to the model loader")
+    draft_quant: DraftQuant = Field(DEFAULT_DRAFT_QUANT, description=DRAFT_QUANT_HELP)
     threads: int | None = Field(None, ge=1, description="torch threads; None = torch's default")
     chat_template: bool = Field(True, description="wrap prompts in the target's chat template when it has one")
     warmup: bool = Field(True, description="run every method once, untimed, before measuring")
@@ -57,7 +58,7 @@ class BenchConfig(BaseModel):
         Which prompts or methods are selected, where results go and warm-up do not change
         a single result, so they are left out: a larger ``--limit`` reuses earlier results.
         """
-        relevant = self.model_dump(mode="json", include={"target", "draft", "data", "dtype", "threads",
+        relevant = self.model_dump(mode="json", include={"target", "draft", "data", "dtype", "draft_quant", "threads",
                                                           "chat_template", "generation"})
         blob = json.dumps(relevant, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

@@ -63,6 +63,21 @@ def sampling_seed(base: int | None, prompt_id: str, turn: int) -> int | None:
     return None if base is None else base + zlib.crc32(f"{prompt_id}/{turn}".encode())
 
 
+def interleave_subtasks(prompts: Sequence[Prompt]) -> list[Prompt]:
+    """The prompts in run order: one of each subtask in turn, so that a run stopped early
+    (it resumes later) already covers every subtask.
+
+    >>> [p.id for p in interleave_subtasks([Prompt("a1", "a", "", ("x",)), Prompt("a2", "a", "", ("x",)),
+    ...                                      Prompt("b1", "b", "", ("x",))])]
+    ['a1', 'b1', 'a2']
+    """
+    by_subtask: dict[str, list[Prompt]] = defaultdict(list)
+    for prompt in prompts:
+        by_subtask[prompt.subtask].append(prompt)
+    rounds = max((len(group) for group in by_subtask.values()), default=0)
+    return [group[i] for i in range(rounds) for group in by_subtask.values() if i < len(group)]
+
+
 @dataclass
 class _Live:
     """Running tokens/s per method, for the progress bar."""
@@ -139,7 +154,8 @@ class Bench:
         c = self.config
         target = load_lm(c.target, dtype=c.dtype, threads=c.threads)
         # A separate instance even when draft == target: each model keeps its own KV cache.
-        draft = load_lm(c.draft, dtype=c.dtype, threads=c.threads) if c.needs_draft_model else None
+        draft = (load_lm(c.draft, dtype=c.dtype, threads=c.threads, quantize=c.draft_quant)
+                 if c.needs_draft_model else None)
         return target, draft
 
     def run(self, progress: Any = None, on_record: Callable[[Record], None] | None = None,
@@ -192,7 +208,7 @@ class Bench:
                 method.run(warm_ids, self._generation(first, 0, warm_tokens))
 
         names = list(methods)
-        for index, prompt in enumerate(self.prompts):
+        for index, prompt in enumerate(interleave_subtasks(self.prompts)):
             order = names[index % len(names):] + names[: index % len(names)]
             answers: dict[str, list[str]] = {name: [] for name in names}
             for turn in range(len(prompt.turns)):

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import typer
 
 from draftwise.cli.options import config_parameters
+from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP
 
 STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
 LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
@@ -285,9 +286,7 @@ def register(app: typer.Typer) -> None:
         ("as_json", bool, typer.Option(False, "--json", help="print one JSON object instead of coloured text")),
         ("dtype", str, typer.Option("auto", help="auto (measure what is fastest here), float32 or bfloat16")),
         ("threads", Optional[int], typer.Option(None, help="CPU threads for torch; default: torch's choice")),
-        ("draft_quant", str, typer.Option(
-            "int8", help="weight-only quantization of the draft model: none, int8 or int4; the draft's "
-            "precision cannot change the output (the target checks every token), only its speed")),
+        ("draft_quant", str, typer.Option(DEFAULT_DRAFT_QUANT, help=DRAFT_QUANT_HELP)),
         ("verifier", Optional[str], typer.Option(
             None, help="URL of a `draftwise serve-verifier` running the target: only the draft runs here "
             "(API key: $DRAFTWISE_VERIFIER_API_KEY)")),

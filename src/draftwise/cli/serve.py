@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
         k: int = field_option(DraftConfig, "k"),
         model_name: str | None = field_option(ServerSettings, "model_name"),
         dtype: str = field_option(ServerSettings, "dtype"),
+        draft_quant: str = field_option(ServerSettings, "draft_quant"),
         threads: int | None = field_option(ServerSettings, "threads"),
     ) -> None:
         """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
@@ -57,7 +58,7 @@ def register(app: typer.Typer) -> None:
             settings = ServerSettings(
                 target=target, draft=draft, drafter=drafter, host=host, port=port, workers=workers,
                 queue_size=queue_size, request_timeout=request_timeout, max_context=max_context, model_name=model_name,
-                dtype=dtype, threads=threads,
+                dtype=dtype, draft_quant=draft_quant, threads=threads,
                 generation=GenerationConfig(max_new_tokens=max_tokens, draft=DraftConfig(k_policy=k_policy, k=k)),
             )
         except ValidationError as exc:
