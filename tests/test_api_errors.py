@@ -135,3 +135,46 @@ def test_junk_in_any_speculative_field_is_never_a_5xx(url_with_draft, drafter):
                 spec = {"drafter": drafter, field: junk} if field != "drafter" else {field: junk}
                 response = http.post("/v1/completions", json={**body, "speculative": spec})
                 assert response.status_code < 500, (field, junk, response.text)
+
+
+@pytest.fixture(scope="module")
+def guarded_url(tiny_target) -> Iterator[str]:
+    app = create_app(ServerSettings(target=MODEL, api_key="s3cret", max_body_bytes=2048), target=tiny_target)
+    with serve_in_background(app) as base:
+        yield base
+
+
+def test_api_key_is_required_on_v1_but_not_on_health_or_metrics(guarded_url):
+    for key in (None, "wrong"):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        error = _error(httpx.post(f"{guarded_url}/v1/completions", json=OK, headers=headers), 401)
+        assert error["type"] == "authentication_error" and "API key" in error["message"]
+        _error(httpx.get(f"{guarded_url}/v1/models", headers=headers), 401)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{guarded_url}/v1", api_key="wrong", max_retries=0).completions.create(**OK)
+    reply = openai.OpenAI(base_url=f"{guarded_url}/v1", api_key="s3cret", max_retries=0).completions.create(**OK)
+    assert reply.usage.completion_tokens == 2
+    assert httpx.get(f"{guarded_url}/health").status_code == 200
+    assert httpx.get(f"{guarded_url}/metrics").status_code == 200
+
+
+def test_oversize_or_chunked_bodies_are_refused_before_they_are_read(guarded_url):
+    headers = {"Authorization": "Bearer s3cret"}
+    big = {**OK, "prompt": "x" * 4096}
+    error = _error(httpx.post(f"{guarded_url}/v1/completions", json=big, headers=headers), 413)
+    assert "max_body_bytes of 2048" in error["message"]
+    chunks = (part for part in [b'{"model": "tiny:0", ', b'"prompt": "hi"}'])
+    _error(httpx.post(f"{guarded_url}/v1/completions", content=chunks,
+                      headers={**headers, "Content-Type": "application/json"}), 411)
+    # Still serving afterwards.
+    assert httpx.post(f"{guarded_url}/v1/completions", json=OK, headers=headers).status_code == 200
+
+
+def test_dashboard_client_sends_the_api_key(guarded_url):
+    from draftwise.dashboard.client import ApiClient, ApiError
+
+    body = {**OK, "stream": True}
+    with pytest.raises(ApiError, match="API key"):
+        list(ApiClient(guarded_url).stream(body))
+    chunks = list(ApiClient(guarded_url, api_key="s3cret").stream(body))
+    assert chunks and all(c["object"] == "text_completion" for c in chunks)

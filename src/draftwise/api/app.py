@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
@@ -30,6 +30,7 @@ from draftwise.events import StepEvent
 from draftwise.metrics import GenerationMetrics
 from draftwise.model import CausalLM
 from draftwise.verify import TokenSource
+from draftwise.web import BodyLimit, bearer_guard
 
 # The engine says why it stopped; OpenAI has two words for it.
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -325,10 +326,15 @@ def create_app(settings: ServerSettings, *, target: CausalLM | None = None, draf
     app.state.pool = pool
     app.state.metrics = metrics
     install_handlers(app)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
+                       error=lambda status, message: APIError(status, message).response())
+    authorize = bearer_guard(settings.api_key,
+                             lambda message: APIError(401, message, type="authentication_error", code="invalid_api_key"))
+    guarded = [Depends(authorize)]  # /health and /metrics stay open for probes and scrapers
     app.add_middleware(_CountRequests, metrics=metrics,
                        endpoints=lambda: {route.path for route in app.routes})  # type: ignore[attr-defined]
 
-    @app.post("/v1/completions", response_model=s.CompletionResponse,
+    @app.post("/v1/completions", dependencies=guarded, response_model=s.CompletionResponse,
               responses={400: {"model": s.ErrorResponse}, 429: {"model": s.ErrorResponse}})
     async def completions(body: s.CompletionRequest, http: Request) -> Any:
         """Complete a prompt (OpenAI `completions`); `stream: true` answers with SSE chunks."""
@@ -336,7 +342,7 @@ def create_app(settings: ServerSettings, *, target: CausalLM | None = None, draf
         prompt = encode_completion(body, service.tokenizer, service.vocab_size)
         return await service.generate(body, prompt, completion_shape, http)
 
-    @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse,
+    @app.post("/v1/chat/completions", dependencies=guarded, response_model=s.ChatCompletionResponse,
               responses={400: {"model": s.ErrorResponse}, 429: {"model": s.ErrorResponse}})
     async def chat_completions(body: s.ChatCompletionRequest, http: Request) -> Any:
         """Answer a conversation with the target's chat template (OpenAI `chat.completions`)."""
@@ -347,12 +353,12 @@ def create_app(settings: ServerSettings, *, target: CausalLM | None = None, draf
     def card() -> s.ModelCard:
         return s.ModelCard(id=settings.served_model, created=service.created)
 
-    @app.get("/v1/models", response_model=s.ModelList)
+    @app.get("/v1/models", dependencies=guarded, response_model=s.ModelList)
     async def models() -> s.ModelList:
         """The served model."""
         return s.ModelList(data=[card()])
 
-    @app.get("/v1/models/{model:path}", response_model=s.ModelCard)
+    @app.get("/v1/models/{model:path}", dependencies=guarded, response_model=s.ModelCard)
     async def model_info(model: str) -> s.ModelCard:
         service.check_model(model)
         return card()

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, DraftQuant, GenerationConfig
 
 DrafterName = Literal["model", "ngram", "off"]
+API_KEY_ENV = "DRAFTWISE_API_KEY"  # read by `draftwise serve`
 
 
 class ServerSettings(BaseModel):
@@ -35,6 +36,10 @@ class ServerSettings(BaseModel):
         1, ge=1, le=64,
         description="generations run at once; each worker has its own KV caches over the shared weights",
     )
+    api_key: SecretStr | None = Field(
+        None, description="require 'Authorization: Bearer KEY' on /v1/* (what OpenAI clients send as api_key)"
+    )
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body accepted")
     queue_size: int = Field(8, ge=0, le=10_000, description="requests that may wait for a worker; more get 429")
     request_timeout: float = Field(300.0, gt=0, description="seconds a request may take, queueing included")
     retry_after: int = Field(1, ge=0, description="seconds suggested to rejected clients in Retry-After")

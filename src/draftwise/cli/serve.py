@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from draftwise.api.settings import ServerSettings
+from draftwise.api.settings import API_KEY_ENV, ServerSettings
 from draftwise.cli.options import field_option
 from draftwise.config import DraftConfig, GenerationConfig
 
@@ -47,6 +47,8 @@ def register(app: typer.Typer) -> None:
         dtype: str = field_option(ServerSettings, "dtype"),
         draft_quant: str = field_option(ServerSettings, "draft_quant"),
         threads: int | None = field_option(ServerSettings, "threads"),
+        api_key: str | None = field_option(ServerSettings, "api_key", envvar=API_KEY_ENV, show_default=False),
+        max_body_bytes: int = field_option(ServerSettings, "max_body_bytes"),
     ) -> None:
         """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
         plus /metrics (Prometheus), /health and /docs."""
@@ -58,7 +60,7 @@ def register(app: typer.Typer) -> None:
             settings = ServerSettings(
                 target=target, draft=draft, drafter=drafter, host=host, port=port, workers=workers,
                 queue_size=queue_size, request_timeout=request_timeout, max_context=max_context, model_name=model_name,
-                dtype=dtype, draft_quant=draft_quant, threads=threads,
+                dtype=dtype, draft_quant=draft_quant, threads=threads, api_key=api_key, max_body_bytes=max_body_bytes,
                 generation=GenerationConfig(max_new_tokens=max_tokens, draft=DraftConfig(k_policy=k_policy, k=k)),
             )
         except ValidationError as exc:
@@ -78,6 +80,9 @@ def register(app: typer.Typer) -> None:
         except (ModelLoadError, ValueError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
+        if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
+            typer.echo(f"warning: listening on {settings.host} without --api-key: anyone who can reach it can use it",
+                       err=True)
         typer.echo(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
                    f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)", err=True)
         uvicorn.run(server, host=settings.host, port=settings.port, log_level="info")

@@ -101,14 +101,16 @@ def _refusal(response: httpx.Response) -> str:
 class ApiClient:
     """A client of one draftwise API server."""
 
-    def __init__(self, base_url: str, timeout: float = 900.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 900.0, api_key: str | None = None) -> None:
         self.base_url = base_url.strip().rstrip("/")
         self.timeout = timeout
+        self.api_key = api_key  # for a server started with --api-key
 
     def _http(self, read_timeout: float) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         # trust_env=False: the server is local; a proxy from the environment must not intercept it.
         return httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(read_timeout, connect=5.0),
-                            trust_env=False)
+                            headers=headers, trust_env=False)
 
     def health(self) -> dict[str, Any]:
         """The server's /health: served model, draft model, default drafter, load."""

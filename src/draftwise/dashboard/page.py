@@ -14,6 +14,7 @@ from typing import Any
 
 import streamlit as st
 
+from draftwise.api.settings import API_KEY_ENV
 from draftwise.config import DraftConfig, GenerationConfig
 from draftwise.dashboard import charts
 from draftwise.dashboard.client import API_URL_ENV, DEFAULT_API_URL, ApiClient, ApiError, RunRequest
@@ -152,7 +153,7 @@ def live_view() -> None:
     st.title("draftwise: watch speculation happen")
     st.markdown(legend_html(), unsafe_allow_html=True)
     api_url = st.sidebar.text_input("API URL", os.environ.get(API_URL_ENV, DEFAULT_API_URL), key="api_url")
-    client = ApiClient(api_url)
+    client = ApiClient(api_url, api_key=os.environ.get(API_KEY_ENV))
     try:
         health: dict[str, Any] | None = client.health()
     except ApiError as exc:

@@ -25,7 +25,6 @@ import torch
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftwise.config import GenerationConfig, SamplingConfig
@@ -47,6 +46,7 @@ from draftwise.remote.protocol import (
 )
 from draftwise.remote.settings import VerifierSettings
 from draftwise.target import LocalTarget
+from draftwise.web import BodyLimit, bearer_guard
 
 # q rows are probabilities computed in float32 by the drafter: their sum may exceed 1 by
 # round-off, never by more than this.
@@ -234,31 +234,6 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"detail": message}, status_code=status, headers=headers)
 
 
-class _BodyLimit:
-    """Refuses oversize bodies before they are read: by their Content-Length, and bodies
-    without one (chunked) altogether, so a request can never stream in unbounded data.
-    """
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope["headers"])
-            length = headers.get(b"content-length")
-            response = None
-            if length is None and b"transfer-encoding" in headers:
-                response = _error(411, "send a Content-Length header (chunked request bodies are not accepted)")
-            elif length is not None and (not length.isdigit() or int(length) > self.limit):
-                response = _error(413, f"request body of {length.decode(errors='replace')} bytes is over "
-                                       f"this server's max_body_bytes of {self.limit}")
-            if response is not None:
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 _VERIFY_DOC = (
     "Verify one proposed block. The body is binary (see `draftwise.remote.protocol`): an int32 header "
     "`keep, n_append, k, n_top`, then int32 `append[n_append]`, int32 `tokens[k]`, int32 `q_ids[k*n_top]`, "
@@ -300,7 +275,7 @@ def create_app(settings: VerifierSettings, lm: CausalLM | None = None) -> FastAP
         lifespan=lifespan,
     )
     app.state.service = service
-    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, error=_error)
 
     @app.exception_handler(VerifierError)
     async def _verifier_error(request: Request, exc: VerifierError) -> JSONResponse:
@@ -315,15 +290,7 @@ def create_app(settings: VerifierSettings, lm: CausalLM | None = None) -> FastAP
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail), exc.headers)
 
-    bearer = HTTPBearer(auto_error=False, description="the server's --api-key, when it has one")
-    api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
-
-    # async: a plain def dependency would cost every request a hop to the thread pool.
-    async def authorize(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        if api_key is None:
-            return
-        if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):
-            raise VerifierError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
+    authorize = bearer_guard(settings.api_key, lambda message: VerifierError(401, message))
 
     @app.get("/health", response_model=Health, tags=["status"])
     async def health() -> Health:
