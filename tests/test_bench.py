@@ -27,7 +27,7 @@ ROWS = [
     {"id": "p3", "category": "beta", "turns": ["Say hello.", "Say it again."]},
 ]
 TURNS = 4  # p1, p2 and two turns of p3
-DRAFTWISE = ("baseline", "draft", "ngram")
+DRAFTWISE = ("baseline", "draft", "ngram", "hybrid")
 
 
 def _config(tmp_path: Path, **overrides) -> BenchConfig:

@@ -103,6 +103,19 @@ def test_quantized_draft_keeps_the_output_of_the_plain_target(home, quant):
     assert data["compare"]["identical"] is True
 
 
+def test_hybrid_drafter_through_the_cli_keeps_the_output_of_the_plain_target(home):
+    done = run(
+        "generate", "abc abc abc abc", "--target", "tiny:0", "--draft", "tiny:1", "--drafter", "hybrid", "--json",
+        "--compare", "--max-new-tokens", "16", "--ignore-eos", "--k-policy", "fixed", "--k", "3", home=home,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["drafter"] == "hybrid" and data["metrics"]["proposed"] > 0
+    assert data["compare"]["identical"] is True
+    bad = run("generate", "hi", "--target", "tiny:0", "--drafter", "hybrid", home=home)
+    assert bad.returncode != 0 and "--drafter hybrid needs --draft" in bad.stderr
+
+
 def test_generate_streams_text_and_prints_stats_from_stdin(home):
     done = run("generate", "-", "--target", "tiny:0", "--drafter", "ngram", "--max-new-tokens", "8",
                "--ignore-eos", home=home, stdin="the cat the cat the cat")

@@ -5,9 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftwise import DraftConfig, Drafter, GenerationConfig, ModelDrafter, NGramDrafter, SamplingConfig, SpeculativeEngine
+from draftwise import (
+    DraftConfig,
+    Drafter,
+    GenerationConfig,
+    HybridDrafter,
+    ModelDrafter,
+    NGramDrafter,
+    SamplingConfig,
+    SpeculativeEngine,
+)
 from draftwise.model import CausalLM
 from draftwise.target import LocalTarget
+from draftwise.drafters import Proposal
 from draftwise.verify import Verdict
 
 
@@ -169,3 +179,36 @@ def test_model_drafter_zero_k_drafts_nothing(tiny_near_draft):
     drafter = ModelDrafter(tiny_near_draft)
     drafter.start([1, 2, 3], GenerationConfig(), None)
     assert len(drafter.propose([1, 2, 3], 0)) == 0
+
+
+class _FixedModel(ModelDrafter):
+    """A stand-in for the draft model: always proposes ``[7, 7, ...]`` and counts calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def start(self, prompt, config, generator) -> None:
+        pass
+
+    def propose(self, context, k):
+        self.calls += 1
+        return Proposal(tokens=torch.full((k,), 7, dtype=torch.long))
+
+    def observe(self, context, verdict) -> None:
+        pass
+
+
+def _hybrid(context: list[int], k: int) -> tuple[list[int], int]:
+    """(proposal, calls to the draft model) of a fresh hybrid drafter on ``context``."""
+    model = _FixedModel()
+    hybrid = HybridDrafter(model)
+    hybrid.start(context, GenerationConfig(), None)
+    return hybrid.propose(context, k).tokens.tolist(), model.calls
+
+
+def test_hybrid_looks_up_repeats_of_three_tokens_and_asks_the_model_otherwise():
+    assert isinstance(HybridDrafter(_FixedModel()), Drafter)
+    assert _hybrid([1, 2, 3, 4, 5, 9, 1, 2, 3], 3) == ([4, 5, 9], 0)  # "1 2 3" seen before: free
+    assert _hybrid([1, 2, 3, 4, 8, 2, 3], 3) == ([7, 7, 7], 1)  # only "2 3" repeats: too short
+    assert _hybrid([5, 5, 5, 5], 3) == ([7, 7, 7], 1)  # the match leaves one token of k = 3
+    assert _hybrid([5, 5, 5, 5], 1) == ([5], 0)  # ... which is all of k = 1

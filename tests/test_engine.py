@@ -14,6 +14,8 @@ import torch
 from draftwise import (
     DraftConfig,
     GenerationConfig,
+    HybridDrafter,
+    ModelDrafter,
     NGramDrafter,
     Proposal,
     SamplingConfig,
@@ -50,6 +52,8 @@ def baseline(tiny_target) -> list[int]:
 def make_drafter(request, name: str):
     if name == "ngram":
         return NGramDrafter()
+    if name == "hybrid":
+        return HybridDrafter(ModelDrafter(request.getfixturevalue("tiny_near_draft")))
     return request.getfixturevalue(f"tiny_{name}_draft")
 
 
@@ -64,7 +68,7 @@ POLICIES = [
 ]
 
 
-@pytest.mark.parametrize("drafter", ["same", "random", "near", "ngram"])
+@pytest.mark.parametrize("drafter", ["same", "random", "near", "ngram", "hybrid"])
 @pytest.mark.parametrize("draft", POLICIES, ids=lambda d: "-".join(f"{v}" for v in d.values()))
 def test_greedy_output_is_the_targets(request, tiny_target, baseline, drafter, draft):
     engine = SpeculativeEngine.from_models(tiny_target, make_drafter(request, drafter))

@@ -12,7 +12,16 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from draftwise import DraftConfig, GenerationConfig, NGramDrafter, SamplingConfig, SpeculativeEngine, autoregressive
+from draftwise import (
+    DraftConfig,
+    GenerationConfig,
+    HybridDrafter,
+    ModelDrafter,
+    NGramDrafter,
+    SamplingConfig,
+    SpeculativeEngine,
+    autoregressive,
+)
 from draftwise.model import CausalLM
 from draftwise.verify import logits_to_probs, sample, verify_sampling
 
@@ -201,3 +210,12 @@ def test_e2e_ngram_drafter_matches_exact_distribution(tiny_target, ngram_prompt)
     counts, outcomes = sample_pairs(engine, ngram_prompt, DraftConfig(k_policy="fixed", k=4))
     assert chi2_pvalue(counts, exact_pairs(tiny_target, ngram_prompt)) > ALPHA
     assert outcomes == {0, 1}  # the n-gram guess was both accepted and rejected
+
+
+def test_e2e_hybrid_drafter_matches_exact_distribution(tiny_target, tiny_near_draft, ngram_prompt):
+    # The prompt ends in a repeat, so the first block comes from lookup (a point mass) and
+    # later ones from the draft model (its q): the rule must stay exact across both.
+    engine = SpeculativeEngine.from_models(tiny_target, HybridDrafter(ModelDrafter(tiny_near_draft)))
+    counts, outcomes = sample_pairs(engine, ngram_prompt, DraftConfig(k_policy="fixed", k=4, confidence_threshold=0.0))
+    assert chi2_pvalue(counts, exact_pairs(tiny_target, ngram_prompt)) > ALPHA
+    assert outcomes == {0, 1}

@@ -25,6 +25,7 @@ _EXPORTS = {
     "GenerationConfig": "draftwise.config",
     "GenerationMetrics": "draftwise.metrics",
     "GenerationResult": "draftwise.engine",
+    "HybridDrafter": "draftwise.drafters",
     "LocalTarget": "draftwise.target",
     "ModelDrafter": "draftwise.drafters",
     "NGramDrafter": "draftwise.drafters",
@@ -42,7 +43,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
-    from draftwise.drafters import Drafter, ModelDrafter, NGramDrafter, Proposal
+    from draftwise.drafters import Drafter, HybridDrafter, ModelDrafter, NGramDrafter, Proposal
     from draftwise.engine import GenerationResult, SpeculativeEngine, autoregressive
     from draftwise.events import StepEvent
     from draftwise.metrics import GenerationMetrics

@@ -116,14 +116,17 @@ class NGramDrafter:
     position 1, followed by ``c x a ...``, so ``[c, x, a]`` is proposed for k = 3.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, min_n: int = 1) -> None:
+        self.min_n = min_n  # floor under the config's ngram_min
         self._config = GenerationConfig()
         self._index: dict[int, dict[tuple[int, ...], int]] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
 
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         self._config = config
-        self._index = {n: {} for n in range(config.draft.ngram_min, config.draft.ngram_max + 1)}
+        draft = config.draft
+        self._index = {n: {} for n in range(min(max(draft.ngram_min, self.min_n), draft.ngram_max),
+                                            draft.ngram_max + 1)}
         self._indexed = 0
 
     def _extend_index(self, context: Sequence[int]) -> None:
@@ -150,3 +153,38 @@ class NGramDrafter:
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         """Nothing to learn: the index catches up with the context on the next proposal."""
+
+
+class HybridDrafter:
+    """Prompt lookup where the context repeats itself, the draft model everywhere else.
+
+    Each step asks the n-gram drafter first, with suffixes of at least ``min_n`` tokens
+    (a one-token match is too often wrong to displace a real draft): a match costs nothing
+    and, where the output copies its context (summaries, answers quoting a document, a second
+    turn reusing the first), it is usually right for many tokens. With no match, or one that
+    would propose fewer than two tokens, the draft model proposes. Both observe every
+    verdict; the draft model's cache catches up with tokens it did not draft when it is next
+    asked (``CausalLM.sync``).
+
+    Example: context ``... def area(r): return 3.14 * r * r ... area(`` with ``k = 4``:
+    the 3-gram suffix matched earlier, so ``r): return 3.14`` comes from the context for
+    free; after a fresh question no suffix matches and the draft model drafts.
+    """
+
+    def __init__(self, model: ModelDrafter, min_n: int = 3) -> None:
+        self.model = model
+        self.ngram = NGramDrafter(min_n=min_n)
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        self.model.start(prompt, config, generator)
+        self.ngram.start(prompt, config, generator)
+
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        lookup = self.ngram.propose(context, k)
+        if len(lookup) >= min(k, 2):
+            return lookup
+        return self.model.propose(context, k)
+
+    def observe(self, context: Sequence[int], verdict: Verdict) -> None:
+        self.model.observe(context, verdict)
+        self.ngram.observe(context, verdict)

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, DraftQuant, GenerationConfig
 
-MethodName = Literal["baseline", "draft", "ngram", "hf-assisted", "hf-pld", "hf-baseline"]
-METHODS: tuple[MethodName, ...] = ("baseline", "draft", "ngram", "hf-assisted", "hf-pld", "hf-baseline")
+MethodName = Literal["baseline", "draft", "ngram", "hybrid", "hf-assisted", "hf-pld", "hf-baseline"]
+METHODS: tuple[MethodName, ...] = ("baseline", "draft", "ngram", "hybrid", "hf-assisted", "hf-pld", "hf-baseline")
 REFERENCE: MethodName = "baseline"  # every speedup and every losslessness check is against this one
-NEEDS_DRAFT_MODEL: frozenset[str] = frozenset({"draft", "hf-assisted"})
+NEEDS_DRAFT_MODEL: frozenset[str] = frozenset({"draft", "hybrid", "hf-assisted"})
 
 SPEC_BENCH = "spec_bench"
 

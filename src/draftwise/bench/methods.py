@@ -18,7 +18,7 @@ import torch
 
 from draftwise.bench.config import BenchConfig
 from draftwise.config import GenerationConfig
-from draftwise.drafters import NGramDrafter
+from draftwise.drafters import HybridDrafter, ModelDrafter, NGramDrafter
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.metrics import GenerationMetrics
 from draftwise.model import CausalLM
@@ -208,6 +208,9 @@ def build_methods(config: BenchConfig, target: CausalLM, draft: CausalLM | None
                                             [*target_timer, timers[id(draft)]])
         elif name == "ngram":
             methods[name] = DraftwiseMethod(name, SpeculativeEngine.from_models(target, NGramDrafter()), target_timer)
+        elif name == "hybrid":
+            methods[name] = DraftwiseMethod(name, SpeculativeEngine.from_models(target, HybridDrafter(ModelDrafter(draft))),
+                                            [*target_timer, timers[id(draft)]])
         else:
             methods[name] = HFMethod(name, target, draft if name == "hf-assisted" else None)
     return methods, list(timers.values())

@@ -116,7 +116,7 @@ def _load_models(
 ):
     """Load target (and draft model), check they fit together; one-line errors."""
     from draftwise.compat import IncompatibleModelsError, check_compatible
-    from draftwise.drafters import NGramDrafter
+    from draftwise.drafters import HybridDrafter, ModelDrafter, NGramDrafter
     from draftwise.loading import ModelLoadError, load_lm
     from draftwise.model import CausalLM
 
@@ -137,25 +137,25 @@ def _load_models(
         check_compatible(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
     except (ModelLoadError, IncompatibleModelsError) as exc:
         raise _fail(str(exc)) from None
-    return target_lm, draft_lm
+    return target_lm, HybridDrafter(ModelDrafter(draft_lm)) if drafter == "hybrid" else draft_lm
 
 
 def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, str]:
     """(draft model source, drafter kind): explicit flags win, else the registry's advice."""
     from draftwise.registry import REGISTRY
 
-    if drafter not in (None, "model", "ngram"):
-        raise _fail(f"--drafter must be 'model' or 'ngram', got {drafter!r}")
+    if drafter not in (None, "model", "ngram", "hybrid"):
+        raise _fail(f"--drafter must be 'model', 'ngram' or 'hybrid', got {drafter!r}")
     if drafter == "ngram":
         return None, "ngram"
     if draft is not None:
-        return draft, "model"
+        return draft, drafter or "model"
     entry = REGISTRY.get(target)
     recommended = entry.draft if entry is not None else None
-    if drafter == "model":
+    if drafter in ("model", "hybrid"):
         if recommended in (None, "ngram"):
-            raise _fail(f"--drafter model needs --draft: no draft model is known for {target!r}")
-        return recommended, "model"
+            raise _fail(f"--drafter {drafter} needs --draft: no draft model is known for {target!r}")
+        return recommended, drafter
     return (recommended, "model") if recommended not in (None, "ngram") else (None, "ngram")
 
 
@@ -225,7 +225,8 @@ def _run(
         except RemoteVerifierError as exc:
             raise _fail(str(exc)) from None
         engine = SpeculativeEngine(remote, ModelDrafter(drafter_obj), tokenizer=target_lm.tokenizer)
-    label = f"{target} + {draft if drafter == 'model' else 'n-gram'} drafter"
+    label = f"{target} + " + {"model": f"{draft} drafter", "ngram": "n-gram drafter",
+                               "hybrid": f"n-gram / {draft} hybrid drafter"}[drafter]
     if not as_json:
         err.print(f"[bold]{label}[/]   {LEGEND}")
     colours = TokenColours(target_lm.tokenizer)
@@ -280,7 +281,8 @@ def register(app: typer.Typer) -> None:
         ("draft", Optional[str], typer.Option(
             None, help="draft model (same kinds of source); default: the registry's draft for the target")),
         ("drafter", Optional[str], typer.Option(
-            None, help="model or ngram; default: model when a draft is known or given, else ngram")),
+            None, help="model, ngram, or hybrid (n-gram lookup where the context repeats, the draft model "
+            "elsewhere); default: model when a draft is known or given, else ngram")),
         ("chat", bool, typer.Option(False, "--chat/--plain", help="apply the target's chat template")),
         ("compare", bool, typer.Option(False, help="also run the plain target; print speedup and identity")),
         ("as_json", bool, typer.Option(False, "--json", help="print one JSON object instead of coloured text")),
