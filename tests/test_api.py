@@ -80,7 +80,7 @@ def baseline(tiny_target):
     return run
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "off"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid", "off"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_greedy_equals_plain_target(client, baseline, drafter, stream):
     expected = baseline(PROMPT, 40)

@@ -124,7 +124,7 @@ def url_with_draft(tiny_target, tiny_near_draft) -> Iterator[str]:
         yield base
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
 def test_junk_in_any_speculative_field_is_never_a_5xx(url_with_draft, drafter):
     from draftwise.api.schemas import SpeculativeOptions
 

@@ -44,7 +44,7 @@ def test_live_run_with_plain_twin(api, monkeypatch) -> None:
     at = _page()
     assert not at.exception and not at.error
     assert "serving **tiny:0**, draft **tiny-draft**" in at.sidebar.caption[0].value
-    assert at.selectbox(key="drafter").options == ["model", "ngram", "off"]
+    assert at.selectbox(key="drafter").options == ["model", "ngram", "hybrid", "off"]
     assert at.selectbox(key="drafter").value == "model"  # the server's default drafter
     assert "press Generate" in _token_box(at)
     at.selectbox(key="k_policy").set_value(FIXED["k_policy"])

@@ -23,7 +23,7 @@ from typing import Any
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.api.settings import DrafterName
 from draftwise.config import GenerationConfig
-from draftwise.drafters import Drafter, ModelDrafter, NGramDrafter
+from draftwise.drafters import Drafter, HybridDrafter, ModelDrafter, NGramDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.events import StepEvent
 from draftwise.model import CausalLM
@@ -46,7 +46,7 @@ def make_drafter(name: DrafterName, draft: CausalLM | None) -> Drafter | None:
         return NGramDrafter()
     if draft is None:
         raise ValueError("this server has no draft model; use drafter 'ngram' or 'off'")
-    return ModelDrafter(draft)
+    return HybridDrafter(ModelDrafter(draft)) if name == "hybrid" else ModelDrafter(draft)
 
 
 @dataclass

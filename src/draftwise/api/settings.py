@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, DraftQuant, GenerationConfig
 
-DrafterName = Literal["model", "ngram", "off"]
+DrafterName = Literal["model", "ngram", "hybrid", "off"]
 API_KEY_ENV = "DRAFTWISE_API_KEY"  # read by `draftwise serve`
 
 
@@ -22,7 +22,7 @@ class ServerSettings(BaseModel):
     target: str = Field(..., description="target model source (registry name, folder, .gguf file, tiny:SEED)")
     draft: str | None = Field(None, description="draft model source; needed for the 'model' drafter")
     drafter: DrafterName | None = Field(
-        None, description="default drafter of requests: model, ngram or off; None = model if a draft is loaded, else ngram"
+        None, description="default drafter of requests: model, ngram, hybrid or off; None = model if a draft is loaded, else ngram"
     )
     model_name: str | None = Field(None, description="model id shown in /v1/models and expected in requests; None = target")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
@@ -52,8 +52,8 @@ class ServerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check_drafter(self) -> ServerSettings:
-        if self.drafter == "model" and self.draft is None:
-            raise ValueError("drafter 'model' needs a draft model (--draft MODEL)")
+        if self.drafter in ("model", "hybrid") and self.draft is None:
+            raise ValueError(f"drafter '{self.drafter}' needs a draft model (--draft MODEL)")
         return self
 
     @property

@@ -87,7 +87,7 @@ def plan(request: GenerationRequest, prompt: list[int], settings: ServerSettings
 
     options = request.speculative
     drafter: DrafterName = (options.drafter if options is not None else None) or settings.default_drafter
-    if drafter == "model" and not has_draft:
+    if drafter in ("model", "hybrid") and not has_draft:
         raise invalid("this server has no draft model; use drafter 'ngram' or 'off'", param="speculative.drafter")
     overrides = {} if options is None else options.model_dump(exclude={"drafter", "provenance"}, exclude_none=True)
     draft = _validated(DraftConfig, {**defaults.draft.model_dump(), **overrides}, ("speculative",))

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         target: str = typer.Option(DEFAULT_TARGET, help=ServerSettings.model_fields["target"].description),
         draft: str | None = field_option(ServerSettings, "draft"),
         drafter: str | None = typer.Option(
-            None, help="default drafter of requests: model, ngram or off; default: the registry's recommendation "
+            None, help="default drafter of requests: model, ngram, hybrid or off; default: the registry's recommendation "
             "for the target (model with --draft)"
         ),
         host: str = field_option(ServerSettings, "host"),

@@ -24,7 +24,7 @@ from draftwise.dashboard.report import ReportError, load_bench, method_table, re
 
 BENCH_DIR_ENV = "DRAFTWISE_BENCH_DIR"
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
-DRAFTERS = ("model", "ngram", "off")
+DRAFTERS = ("model", "ngram", "hybrid", "off")
 K_POLICIES = ("fixed", "heuristic", "cost")
 CHART_EVERY_S = 0.5  # redraw charts at most this often while tokens stream in (tokens redraw every step)
 DEFAULT_MAX_TOKENS = 96  # short enough to watch a plain-target twin finish too on a small CPU
@@ -107,11 +107,11 @@ def _settings(health: dict[str, Any] | None) -> dict[str, Any]:
     """The sidebar's generation settings; defaults come from the config classes and the server."""
     sb = st.sidebar
     sb.subheader("Generation")
-    offered = [d for d in DRAFTERS if d != "model" or (health or {}).get("draft")]
+    offered = [d for d in DRAFTERS if d not in ("model", "hybrid") or (health or {}).get("draft")]
     server_default = (health or {}).get("drafter")
     drafter = sb.selectbox("Drafter", offered, index=offered.index(server_default) if server_default in offered else 0,
-                           key="drafter", help="model: the server's draft model; ngram: prompt lookup; off: plain "
-                           "decoding")
+                           key="drafter", help="model: the server's draft model; ngram: prompt lookup; hybrid: lookup "
+                           "where the context repeats, the model elsewhere; off: plain decoding")
     k_policy = sb.selectbox("k policy", K_POLICIES, index=K_POLICIES.index(_default(DraftConfig, "k_policy")),
                             key="k_policy", help=DraftConfig.model_fields["k_policy"].description)
     k_low, k_high = _bounds(DraftConfig, "k")
