@@ -25,25 +25,33 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_speedup(path: Path, groups: dict[str, dict[str, dict[str, Any]]], methods: Sequence[str]) -> None:
-    plt = _pyplot()
-    names = [g for g in groups if g != OVERALL] + [OVERALL]
-    others = [m for m in methods if m != REFERENCE]
-    width = 0.8 / max(1, len(others))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(names)), 4.0))
-    for i, m in enumerate(others):
-        values = [groups[g][m].get("speedup") or 0.0 for g in names]
-        ax.bar([x + (i - (len(others) - 1) / 2) * width for x in range(len(names))], values, width, label=m,
-               color=_color(m))
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("speedup over baseline (x)")
-    ax.set_title("Speedup per subtask")
-    if others:
+def _grouped_bars(ax: Any, xs: Sequence[float], series: dict[str, list[float]]) -> None:
+    """One bar per series at each x, side by side, in each method's colour."""
+    width = 0.8 / max(1, len(series))
+    for i, (method, values) in enumerate(series.items()):
+        ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], values, width, label=method,
+               color=_color(method))
+
+
+def _save(plt: Any, fig: Any, ax: Any, path: Path, legend: bool) -> None:
+    if legend:
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_speedup(path: Path, groups: dict[str, dict[str, dict[str, Any]]], methods: Sequence[str]) -> None:
+    plt = _pyplot()
+    names = [g for g in groups if g != OVERALL] + [OVERALL]
+    others = [m for m in methods if m != REFERENCE]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(names)), 4.0))
+    _grouped_bars(ax, range(len(names)), {m: [groups[g][m].get("speedup") or 0.0 for g in names] for m in others})
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("speedup over baseline (x)")
+    ax.set_title("Speedup per subtask")
+    _save(plt, fig, ax, path, legend=bool(others))
 
 
 def plot_accepted_length(path: Path, overall: dict[str, dict[str, Any]], methods: Sequence[str]) -> None:
@@ -51,22 +59,18 @@ def plot_accepted_length(path: Path, overall: dict[str, dict[str, Any]], methods
     # Plain decoding (either implementation) always emits one token per pass: nothing to show.
     shown = [m for m in methods if m not in (REFERENCE, "hf-baseline") and overall[m].get("tokens_per_pass_histogram")]
     longest = max((max(overall[m]["tokens_per_pass_histogram"]) for m in shown), default=1)
-    width = 0.8 / max(1, len(shown))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * longest + 2), 4.0))
-    for i, m in enumerate(shown):
+    xs = range(1, longest + 1)
+    shares = {}
+    for m in shown:
         hist = overall[m]["tokens_per_pass_histogram"]
         total = sum(hist.values())
-        xs = range(1, longest + 1)
-        ax.bar([x + (i - (len(shown) - 1) / 2) * width for x in xs], [hist.get(x, 0) / total for x in xs], width,
-               label=m, color=_color(m))
+        shares[m] = [hist.get(x, 0) / total for x in xs]
+    _grouped_bars(ax, xs, shares)
     ax.set_xlabel("tokens per target pass (accepted + 1)")
     ax.set_ylabel("share of target passes")
     ax.set_title("Accepted length")
-    if shown:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, path, legend=bool(shown))
 
 
 def plot_rate_over_run(path: Path, records: Sequence[Record], methods: Sequence[str]) -> None:
@@ -81,10 +85,7 @@ def plot_rate_over_run(path: Path, records: Sequence[Record], methods: Sequence[
     ax.set_xlabel("result number (run order)")
     ax.set_ylabel("tokens/s")
     ax.set_title("tokens/s over the run")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, path, legend=True)
 
 
 def write_plots(out: Path, summary: dict[str, Any], records: Sequence[Record], methods: Sequence[str]) -> list[Path]:
