@@ -23,11 +23,12 @@ import torch
 from torch import nn
 
 
-# Above this many rows (a prompt's prefill) the weight-only kernels, made for a few rows,
-# lose to dequantizing the weights and one dense float32 product: for a 700-token prefill
-# through one 896x4864 layer, one thread, 0.37 s with the int4 kernel against 0.04 s to
-# dequantize plus 0.15 s for the product.
-DENSE_ROWS = 32
+# Above this many rows (a long prompt's prefill) the weight-only kernels, made for a few
+# rows, lose to dequantizing the weights and one dense float32 product. One 896x4864 layer,
+# one thread: the int4 kernel costs ~0.53 ms per row (0.37 s for 700 rows); dequantizing
+# costs a fixed 0.04 s, after which the dense product costs ~0.2 ms per row. The crossover
+# is near 120 rows (at 32 rows, the first choice, short prompts paid 2-3 s more prefill).
+DENSE_ROWS = 128
 
 
 class Int4Linear(nn.Module):
