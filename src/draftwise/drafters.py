@@ -166,9 +166,9 @@ class HybridDrafter:
     verdict; the draft model's cache catches up with tokens it did not draft when it is next
     asked (``CausalLM.sync``).
 
-    Example: context ``... def area(r): return 3.14 * r * r ... area(`` with ``k = 4``:
-    the 3-gram suffix matched earlier, so ``r): return 3.14`` comes from the context for
-    free; after a fresh question no suffix matches and the draft model drafts.
+    Example: context ``[5 8 2 9 4 1 ... 5 8 2]`` with ``k = 3``: the suffix ``5 8 2`` occurred
+    before, so ``[9 4 1]`` comes from the context for free; had only ``8 2`` repeated, the
+    draft model would draft.
     """
 
     def __init__(self, model: ModelDrafter, min_n: int = 3) -> None:

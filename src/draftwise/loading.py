@@ -223,7 +223,7 @@ def load_lm(
     weight-only quantized ones after loading: meant for draft models, whose precision cannot
     change speculative output (see ``draftwise.quant``). ``pack`` stores the remaining
     float32 linear layers in oneDNN's layout (same values; a block of new tokens then costs
-    little more than one); None packs real models and leaves ``tiny:`` ones as they are.
+    far less than unpacked); None packs real models and leaves ``tiny:`` ones as they are.
     """
     import torch
 

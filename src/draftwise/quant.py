@@ -8,9 +8,9 @@ half the bytes of bfloat16 ones, int4 a quarter.
 
 Packing (``pack_linears``) changes no weight: it stores each float32 matrix in the blocked
 layout oneDNN's matrix product wants, once, instead of on every call. On a 2-core AVX2 CPU this
-makes a block of rows nearly as cheap as one row (Qwen2.5-Coder-1.5B, 300-token context:
-1 / 6 / 9 new tokens cost 280 / 612 / 714 ms packed, against 223 / 1065 / 1521 ms in bfloat16):
-exactly the cost a verification pass needs to be small.
+makes a block of rows far cheaper than in plain float32 or bfloat16 (Qwen2.5-Coder-1.5B,
+300-token context: 1 / 6 / 9 new tokens cost 280 / 612 / 714 ms packed, against 223 / 1065 /
+1521 ms in bfloat16), which is the cost a verification pass adds.
 
 Format (torch's packed int4 CPU kernel): each row of the weight is cut into groups of
 ``group_size`` input features; within a group ``w ~ (q - 8) * scale + zero`` with ``q`` in
