@@ -54,7 +54,7 @@ def odd_tokenizer_model(tmp_path_factory) -> Path:
         (["--target", "tiny:0", "--temperature", "-1"], "--temperature: Input should be greater than or equal to 0"),
         (["--target", "tiny:0", "--k-policy", "sometimes"], "--k-policy: Input should be 'fixed', 'heuristic'"),
         (["--target", "tiny:0", "--k", "20", "--k-max", "8"], "k (20) must not exceed k_max (8)"),
-        (["--target", "tiny:0", "--drafter", "magic"], "--drafter must be 'model' or 'ngram'"),
+        (["--target", "tiny:0", "--drafter", "magic"], "--drafter must be 'model', 'ngram' or 'hybrid'"),
         (["--target", "tiny:0", "--file", "/nowhere/prompt.txt"], "cannot read prompt file"),
         (["--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", "int3"], "quantize must be one of none, int8, int4"),
     ],

@@ -43,13 +43,14 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory) -> Iterator[str]:
-    """`draftwise dashboard` on tiny models: target tiny:0, draft tiny:0 (the same weights)."""
+    """`draftwise dashboard` on tiny models: target tiny:0, draft tiny:0 (the same weights, not
+    quantized: a draft that is always right)."""
     import httpx
 
     port = _free_port()
     log = tmp_path_factory.mktemp("dashboard") / "dashboard.log"
     command = [sys.executable, "-c", "from draftwise.cli import main; main()", "dashboard", "--target", "tiny:0",
-               "--draft", "tiny:0", "--threads", "1", "--port", str(port)]
+               "--draft", "tiny:0", "--draft-quant", "none", "--threads", "1", "--port", str(port)]
     with log.open("wb") as sink:
         # Its own session, so teardown stops the command and both of its children together.
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -69,12 +69,13 @@ def test_local_folder_loads_the_same_model(home, tmp_path):
     lm.tokenizer.save_pretrained(tmp_path / "m")
     loaded = load_lm(str(tmp_path / "m"), dtype="float32", pack=False)
     ids = [5, 6, 7, 8]
-    assert torch.equal(lm.forward(ids), loaded.forward(ids))
+    expected = lm.forward(ids)
+    assert torch.equal(expected, loaded.forward(ids))
     assert loaded.model.dtype == torch.float32
     # By default real models get their float32 layers packed: the same function, a faster layout.
     packed = load_lm(str(tmp_path / "m"), dtype="float32")
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules()) == can_pack()
-    torch.testing.assert_close(packed.forward(ids), lm.forward(ids), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(packed.forward(ids), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_auto_dtype_is_measured_once_and_cached(home):

@@ -89,6 +89,9 @@ def register(app: typer.Typer) -> None:
             None, help="target model of the local API server; default: `draftwise serve`'s (the default pair)"),
         draft: str | None = typer.Option(None, help="draft model of the local API server"),
         drafter: str | None = typer.Option(None, help="default drafter of the local API server: model, ngram or off"),
+        draft_quant: str | None = typer.Option(
+            None, help="weight-only quantization of the local API server's draft model: none, int8 or int4; "
+            "default: `draftwise serve`'s (int4)"),
         threads: int | None = typer.Option(None, help="torch CPU threads of the local API server"),
         host: str = typer.Option("127.0.0.1", help="address of the dashboard page (and of the local API server)"),
         port: int = typer.Option(8501, help="port of the dashboard page"),
@@ -105,8 +108,9 @@ def register(app: typer.Typer) -> None:
 
         if importlib.util.find_spec("streamlit") is None:
             _fail("the dashboard needs streamlit: pip install 'draftwise[dashboard]'")
-        if api_url is not None and any(x is not None for x in (target, draft, drafter, threads)):
-            _fail("--target, --draft, --drafter and --threads configure the local API server; with --api-url the "
+        if api_url is not None and any(x is not None for x in (target, draft, drafter, draft_quant, threads)):
+            _fail("--target, --draft, --drafter, --draft-quant and --threads configure the local API server; with "
+                  "--api-url the "
                   "server is already running")
 
         # A plain `kill` must still stop the children: turn SIGTERM into a normal exit.
@@ -116,7 +120,8 @@ def register(app: typer.Typer) -> None:
             try:
                 if api_url is None:
                     args = [f"--{name}={value}" for name, value in
-                            (("target", target), ("draft", draft), ("drafter", drafter), ("threads", threads))
+                            (("target", target), ("draft", draft), ("drafter", drafter),
+                             ("draft-quant", draft_quant), ("threads", threads))
                             if value is not None]
                     log = Path(tmp) / "serve.log"
                     server, api_url = _spawn_server(args, host, log)
