@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
         target: str | None = typer.Option(
             None, help="target model of the local API server; default: `draftwise serve`'s (the default pair)"),
         draft: str | None = typer.Option(None, help="draft model of the local API server"),
-        drafter: str | None = typer.Option(None, help="default drafter of the local API server: model, ngram or off"),
+        drafter: str | None = typer.Option(None, help="default drafter of the local API server: model, ngram, hybrid or off"),
         draft_quant: str | None = typer.Option(
             None, help="weight-only quantization of the local API server's draft model: none, int8 or int4; "
             "default: `draftwise serve`'s (int4)"),
@@ -108,10 +108,13 @@ def register(app: typer.Typer) -> None:
 
         if importlib.util.find_spec("streamlit") is None:
             _fail("the dashboard needs streamlit: pip install 'draftwise[dashboard]'")
-        if api_url is not None and any(x is not None for x in (target, draft, drafter, draft_quant, threads)):
+        # The flags handed on to the local `draftwise serve`, as given.
+        local = {name: value for name, value in (("target", target), ("draft", draft), ("drafter", drafter),
+                                                 ("draft-quant", draft_quant), ("threads", threads))
+                 if value is not None}
+        if api_url is not None and local:
             _fail("--target, --draft, --drafter, --draft-quant and --threads configure the local API server; with "
-                  "--api-url the "
-                  "server is already running")
+                  "--api-url the server is already running")
 
         # A plain `kill` must still stop the children: turn SIGTERM into a normal exit.
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -119,10 +122,7 @@ def register(app: typer.Typer) -> None:
         with tempfile.TemporaryDirectory(prefix="draftwise-dashboard-") as tmp:
             try:
                 if api_url is None:
-                    args = [f"--{name}={value}" for name, value in
-                            (("target", target), ("draft", draft), ("drafter", drafter),
-                             ("draft-quant", draft_quant), ("threads", threads))
-                            if value is not None]
+                    args = [f"--{name}={value}" for name, value in local.items()]
                     log = Path(tmp) / "serve.log"
                     server, api_url = _spawn_server(args, host, log)
                     _wait_healthy(server, api_url, log, startup_timeout, " ".join(args) or "default models")

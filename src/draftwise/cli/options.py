@@ -37,6 +37,13 @@ def field_option(model: type[BaseModel], name: str, *flags: str, help: str | Non
     return typer.Option(default, *flags, help=help or field.description or "", **kwargs)
 
 
+def warn_if_exposed(host: str, api_key: object | None) -> None:
+    """Warn on stderr when a server binds beyond loopback without a key: anyone who can reach
+    it can use it (both servers bind 127.0.0.1 unless told otherwise)."""
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

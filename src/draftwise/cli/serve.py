@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from draftwise.api.settings import API_KEY_ENV, ServerSettings
-from draftwise.cli.options import field_option
+from draftwise.cli.options import field_option, warn_if_exposed
 from draftwise.config import DraftConfig, GenerationConfig
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -80,9 +80,7 @@ def register(app: typer.Typer) -> None:
         except (ModelLoadError, ValueError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
-        if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
-            typer.echo(f"warning: listening on {settings.host} without --api-key: anyone who can reach it can use it",
-                       err=True)
+        warn_if_exposed(settings.host, settings.api_key)
         typer.echo(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
                    f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)", err=True)
         uvicorn.run(server, host=settings.host, port=settings.port, log_level="info")

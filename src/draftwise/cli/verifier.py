@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from draftwise.cli.options import field_option
+from draftwise.cli.options import field_option, warn_if_exposed
 from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
 
 
@@ -63,9 +63,7 @@ def register(app: typer.Typer) -> None:
         except ModelLoadError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
-        if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
-            typer.echo(f"warning: listening on {settings.host} without --api-key: anyone who can reach it can use it",
-                       err=True)
+        warn_if_exposed(settings.host, settings.api_key)
         typer.echo(f"draftwise verifier: {target} on http://{settings.host}:{settings.port} (API docs at /docs)",
                    err=True)
         # uvicorn stops cleanly on Ctrl-C / SIGTERM (the lifespan closes every session) and
