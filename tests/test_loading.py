@@ -7,8 +7,8 @@ import torch
 
 from draftwise.chat import ChatTemplateError, encode_prompt
 from draftwise.compat import IncompatibleModelsError, check_compatible
-from draftwise.loading import ModelLoadError, load_lm, pick_dtype, resolve
-from draftwise.quant import PackedLinear, can_pack
+from draftwise.loading import ModelLoadError, load_draft, load_lm, pick_dtype, resolve
+from draftwise.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, PackedLinear, can_pack
 from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, HOME_ENV, REGISTRY, lookup
 from draftwise.tiny import tiny_lm, tiny_tokenizer
 
@@ -76,6 +76,26 @@ def test_local_folder_loads_the_same_model(home, tmp_path):
     packed = load_lm(str(tmp_path / "m"), dtype="float32")
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules()) == can_pack()
     torch.testing.assert_close(packed.forward(ids), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not can_pack(), reason="this torch build has no oneDNN")
+def test_a_target_keeps_a_layout_per_row_count_unless_memory_is_short(home, tmp_path, monkeypatch):
+    lm = tiny_lm(3)
+    lm.model.save_pretrained(tmp_path / "m")
+    lm.tokenizer.save_pretrained(tmp_path / "m")
+
+    def layouts(model) -> set[tuple[int, ...]]:
+        return {m.rows for m in model.modules() if isinstance(m, PackedLinear)}
+
+    assert layouts(load_lm(str(tmp_path / "m"), dtype="float32").model) == {TARGET_PACK_ROWS}
+    assert layouts(load_draft(str(tmp_path / "m"), dtype="float32", quantize="none").model) == {DRAFT_PACK_ROWS}
+    # A machine too small for two copies of the weights: one layout, for verification blocks, and a note.
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 64}  # 256 KiB
+    monkeypatch.setattr("draftwise.loading.os.sysconf", lambda name: pages[name])
+    notes: list[str] = []
+    small = load_lm(str(tmp_path / "m"), dtype="float32", log=notes.append)
+    assert layouts(small.model) == {(max(TARGET_PACK_ROWS),)}
+    assert any("blocks only" in note for note in notes)
 
 
 def test_auto_dtype_is_measured_once_and_cached(home):

@@ -61,13 +61,26 @@ needs_onednn = pytest.mark.skipif(not can_pack(), reason="this torch build has n
 def test_packed_linear_computes_the_dense_layer(bias):
     torch.manual_seed(0)
     dense = nn.Linear(96, 40, bias=bias)
-    packed = PackedLinear(dense)
-    for shape in [(1, 96), (9, 96), (2, 7, 96)]:
-        x = torch.randn(*shape)
-        out = packed(x)
-        assert out.shape == (*shape[:-1], 40) and out.dtype == torch.float32
-        torch.testing.assert_close(out, dense(x), rtol=1e-5, atol=1e-5)
-    assert "packed" not in packed.state_dict()  # the opaque oneDNN copy is never saved
+    for rows in [(1,), (1, 8), (8, 2)]:
+        packed = PackedLinear(dense, rows)
+        for shape in [(1, 96), (3, 96), (9, 96), (2, 7, 96)]:
+            x = torch.randn(*shape)
+            out = packed(x)
+            assert out.shape == (*shape[:-1], 40) and out.dtype == torch.float32
+            torch.testing.assert_close(out, dense(x), rtol=1e-5, atol=1e-5)
+        assert not any(k.startswith("packed") for k in packed.state_dict())  # opaque oneDNN copies: never saved
+
+
+@needs_onednn
+def test_packed_linear_uses_the_layout_made_for_the_nearest_row_count_above():
+    packed = PackedLinear(nn.Linear(32, 16), rows=(8, 1))
+    assert packed.rows == (1, 8)
+    for m, count in [(1, 1), (2, 8), (7, 8), (8, 8), (600, 8)]:
+        assert packed._packed_for(m) is getattr(packed, f"packed_{count}")
+    only_steps = PackedLinear(nn.Linear(32, 16), rows=(1,))
+    assert only_steps._packed_for(9) is only_steps.packed_1  # above every count: the largest
+    with pytest.raises(ValueError, match="positive row counts"):
+        PackedLinear(nn.Linear(32, 16), rows=(0,))
 
 
 @needs_onednn

@@ -22,10 +22,11 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 from draftwise.config import DraftQuant
 from draftwise.model import CausalLM
+from draftwise.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, pack_linears, quantize_weights
 from draftwise.registry import REGISTRY, home, is_pulled, model_path
 
 DTYPES = ("auto", "float32", "bfloat16")
@@ -50,13 +51,11 @@ def _bench_linear(torch_dtype, reps: int = 5) -> float:
     as ``load_lm`` runs it."""
     import torch
 
-    from draftwise.quant import pack_linears
-
     generator = torch.Generator().manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(1536, 4096, bias=False))
     layer[0].weight.data = torch.randn(4096, 1536, generator=generator)
     if torch_dtype == torch.float32:
-        pack_linears(layer)
+        pack_linears(layer, TARGET_PACK_ROWS)
     else:
         layer.to(torch_dtype)
     total = 0.0
@@ -86,7 +85,7 @@ def pick_dtype(root: Path | None = None) -> tuple[str, str]:
 
     cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
                platform.processor())
-    key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|float32 packed"
+    key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|float32 packed for 1+8 rows"
     cache = (root or home()) / "dtype.json"
     try:
         decisions = json.loads(cache.read_text())
@@ -215,6 +214,7 @@ def load_lm(
     log: Callable[[str], None] | None = None,
     quantize: str = "none",
     pack: bool | None = None,
+    pack_rows: tuple[int, ...] = TARGET_PACK_ROWS,
 ) -> CausalLM:
     """Load ``source`` as a ``CausalLM`` with its tokenizer.
 
@@ -224,6 +224,9 @@ def load_lm(
     change speculative output (see ``draftwise.quant``). ``pack`` stores the remaining
     float32 linear layers in oneDNN's layout (same values; a block of new tokens then costs
     far less than unpacked); None packs real models and leaves ``tiny:`` ones as they are.
+    ``pack_rows`` names the row counts to keep a layout for: a target's default keeps one for
+    one-token steps and one for verification blocks; a draft model needs only
+    ``DRAFT_PACK_ROWS`` (see ``draftwise.quant``).
     """
     import torch
 
@@ -243,7 +246,7 @@ def load_lm(
             seed = int(source.split(":", 1)[1])
         except ValueError as exc:
             raise ModelLoadError(f"tiny model source must be 'tiny:SEED', got {source!r}") from exc
-        return _converted(tiny_lm(seed), quantize, bool(pack))
+        return _converted(tiny_lm(seed), quantize, bool(pack), pack_rows, log)
 
     location = resolve(source)
     if dtype == "auto":
@@ -257,16 +260,41 @@ def load_lm(
         model, tokenizer = _load_gguf(location, torch_dtype, dtype, log)
     else:
         model, tokenizer = _load_pretrained(str(location), torch_dtype)
-    return _converted(CausalLM(model, tokenizer, name=source), quantize, pack is not False)
+    return _converted(CausalLM(model, tokenizer, name=source), quantize, pack is not False, pack_rows, log)
 
 
-def _converted(lm: CausalLM, quantize: str, pack: bool) -> CausalLM:
+def load_draft(source: str, *, quantize: str, **options: Any) -> CausalLM:
+    """Load a draft model: ``load_lm`` with weight-only ``quantize`` and one packed layout for
+    whatever stays float32 (a draft scores one new row per step; its prefill is one long block)."""
+    return load_lm(source, quantize=quantize, pack_rows=DRAFT_PACK_ROWS, **options)
+
+
+def _converted(lm: CausalLM, quantize: str, pack: bool, pack_rows: tuple[int, ...], log: Callable[[str], None]
+               ) -> CausalLM:
     """Apply the weight formats of ``draftwise.quant``: quantization first, then packing of
     whatever float32 layers are left."""
-    from draftwise.quant import pack_linears, quantize_weights
-
     if quantize != "none":
         quantize_weights(lm.model, bits=int(quantize.removeprefix("int")))
     if pack:
-        pack_linears(lm.model)
+        pack_linears(lm.model, _affordable(pack_rows, lm.model, log))
     return lm
+
+
+def _affordable(pack_rows: tuple[int, ...], model: Any, log: Callable[[str], None]) -> tuple[int, ...]:
+    """``pack_rows``, or only its largest count where one layout per count would take more
+    than half of this machine's memory (each layout is a full copy of the float32 weights)."""
+    import torch
+
+    if len(pack_rows) < 2:
+        return pack_rows
+    weight_bytes = sum(m.weight.numel() * 4 for m in model.modules()
+                       if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return (max(pack_rows),)
+    if weight_bytes * len(pack_rows) <= memory // 2:
+        return pack_rows
+    log(f"packing weights for {max(pack_rows)}-row blocks only: {len(pack_rows)} layouts would take "
+        f"{weight_bytes * len(pack_rows) / 2**30:.1f} GiB of {memory / 2**30:.1f} GiB")
+    return (max(pack_rows),)

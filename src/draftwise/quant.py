@@ -7,10 +7,14 @@ come out. Drafting on CPU is bound by the bytes of weights read per token: int8 
 half the bytes of bfloat16 ones, int4 a quarter.
 
 Packing (``pack_linears``) changes no weight: it stores each float32 matrix in the blocked
-layout oneDNN's matrix product wants, once, instead of on every call. On a 2-core AVX2 CPU this
-makes a block of rows far cheaper than in plain float32 or bfloat16 (Qwen2.5-Coder-1.5B,
-300-token context: 1 / 6 / 9 new tokens cost 280 / 612 / 714 ms packed, against 223 / 1065 /
-1521 ms in bfloat16), which is the cost a verification pass adds.
+layout oneDNN's matrix product wants, once, instead of on every call. oneDNN picks the layout
+for a given number of input rows, and the choice matters: a layout made for one row (a
+decoding step) makes 2-13 rows cost about twice as much, while a layout made for 8 rows
+costs ~10% more on one row. A target therefore keeps both (``TARGET_PACK_ROWS``) and each
+call uses the layout made for the row count nearest above its own. Qwen2.5-Coder-1.5B, 300-token
+context, 2-core AVX2 CPU: 1 / 2 / 4 / 6 / 9 new tokens cost 245 / 475 / 550 / 570 / 634 ms with
+the one-row layout and 276 / 306 / 371 / 428 / 495 ms with the 8-row one (bfloat16: 223 / 429 /
+711 / 1065 / 1521 ms); a verification block is the cost speculation adds.
 
 Format (torch's packed int4 CPU kernel): each row of the weight is cut into groups of
 ``group_size`` input features; within a group ``w ~ (q - 8) * scale + zero`` with ``q`` in
@@ -106,21 +110,45 @@ def _dense(layer: Int4Linear | Int8Linear, x: torch.Tensor, flat: torch.Tensor) 
     return out.reshape(*x.shape[:-1], layer.out_features).to(x.dtype)
 
 
-class PackedLinear(nn.Module):
-    """A float32 linear layer whose weight is pre-packed for oneDNN (same values, faster layout)."""
+# Row counts the packed layouts of a target are made for: one-token steps (plain decoding, and
+# speculation where the policy switched drafting off) and verification blocks of 2 or more. A draft model
+# only ever scores one new row at a time, so it keeps one layout (``DRAFT_PACK_ROWS``).
+TARGET_PACK_ROWS = (1, 8)
+DRAFT_PACK_ROWS = (1,)
 
-    def __init__(self, linear: nn.Linear) -> None:
+
+class PackedLinear(nn.Module):
+    """A float32 linear layer whose weight is pre-packed for oneDNN (same values, faster layout).
+
+    ``rows`` lists the input row counts to keep a layout for; each costs one copy of the
+    weight. A call with ``m`` rows uses the layout made for the smallest listed count that is
+    at least ``m`` (the largest one above them all).
+
+    Example: ``rows=(1, 8)``: a one-token step uses the one-row layout; a 2- or 6-token
+    verification block and a 600-token prefill use the 8-row layout.
+    """
+
+    def __init__(self, linear: nn.Linear, rows: tuple[int, ...] = DRAFT_PACK_ROWS) -> None:
         super().__init__()
+        if not rows or min(rows) < 1:
+            raise ValueError(f"rows must be positive row counts, got {rows!r}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.rows = tuple(sorted(set(rows)))
         weight = linear.weight.detach().float()
-        # An opaque oneDNN tensor: kept out of state_dict (it cannot be saved or moved).
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, 1), persistent=False)
+        # Opaque oneDNN tensors: kept out of state_dict (they cannot be saved or moved).
+        for count in self.rows:
+            self.register_buffer(f"packed_{count}", torch.ops.mkldnn._reorder_linear_weight(weight, count),
+                                 persistent=False)
         bias = linear.bias.detach().float() if linear.bias is not None else None
         self.register_buffer("bias", bias)
 
+    def _packed_for(self, m: int) -> torch.Tensor:
+        count = min((r for r in self.rows if r >= m), default=self.rows[-1])
+        return getattr(self, f"packed_{count}")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in_features] -> [..., out_features]
         flat = x.reshape(-1, self.in_features).float()
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(flat, self._packed_for(flat.shape[0]), self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
@@ -129,12 +157,15 @@ def can_pack() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every float32 ``nn.Linear`` of ``model`` in place with a ``PackedLinear``;
-    return how many were replaced (0 where oneDNN is missing: the model is left as it is)."""
+def pack_linears(model: nn.Module, rows: tuple[int, ...] = DRAFT_PACK_ROWS) -> int:
+    """Replace every float32 ``nn.Linear`` of ``model`` in place with a ``PackedLinear`` keeping
+    a layout for each of ``rows``; return how many were replaced (0 where oneDNN is missing:
+    the model is left as it is)."""
     if not can_pack():
         return 0
-    return _replace_linears(model, lambda child: PackedLinear(child) if child.weight.dtype == torch.float32 else None)
+    return _replace_linears(
+        model, lambda child: PackedLinear(child, rows) if child.weight.dtype == torch.float32 else None
+    )
 
 
 def _replace_linears(model: nn.Module, make) -> int:

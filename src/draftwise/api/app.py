@@ -294,13 +294,13 @@ def create_app(settings: ServerSettings, *, target: CausalLM | None = None, draf
     only read (each worker wraps their weights with KV caches of its own). ``log`` receives
     the loader's one-line notes (dtype choice, first-time GGUF conversion)."""
     from draftwise import __version__
-    from draftwise.loading import load_lm
+    from draftwise.loading import load_draft, load_lm
 
     if target is None:
         target = load_lm(settings.target, dtype=settings.dtype, threads=settings.threads, log=log)
     if draft is None and settings.draft is not None:
-        draft = load_lm(settings.draft, dtype=settings.dtype, threads=settings.threads, log=log,
-                        quantize=settings.draft_quant)
+        draft = load_draft(settings.draft, dtype=settings.dtype, threads=settings.threads, log=log,
+                           quantize=settings.draft_quant)
     if target.tokenizer is None:
         raise ValueError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
 

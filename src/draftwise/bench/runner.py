@@ -149,12 +149,12 @@ class Bench:
         )
 
     def load_models(self) -> tuple[CausalLM, CausalLM | None]:
-        from draftwise.loading import load_lm
+        from draftwise.loading import load_draft, load_lm
 
         c = self.config
         target = load_lm(c.target, dtype=c.dtype, threads=c.threads)
         # A separate instance even when draft == target: each model keeps its own KV cache.
-        draft = (load_lm(c.draft, dtype=c.dtype, threads=c.threads, quantize=c.draft_quant)
+        draft = (load_draft(c.draft, dtype=c.dtype, threads=c.threads, quantize=c.draft_quant)
                  if c.needs_draft_model else None)
         return target, draft
 

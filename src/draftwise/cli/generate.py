@@ -117,7 +117,7 @@ def _load_models(
     """Load target (and draft model), check they fit together; one-line errors."""
     from draftwise.compat import IncompatibleModelsError, check_compatible
     from draftwise.drafters import HybridDrafter, ModelDrafter, NGramDrafter
-    from draftwise.loading import ModelLoadError, load_lm
+    from draftwise.loading import ModelLoadError, load_draft, load_lm
     from draftwise.model import CausalLM
 
     try:
@@ -129,7 +129,7 @@ def _load_models(
             draft_lm = (
                 target_lm
                 if draft == target
-                else load_lm(draft, dtype=dtype, threads=threads, log=console.print, quantize=draft_quant)
+                else load_draft(draft, dtype=dtype, threads=threads, log=console.print, quantize=draft_quant)
             )
         if draft_lm is target_lm:
             # Same weights, separate KV cache: a draft that is always right (a check of the loop).
