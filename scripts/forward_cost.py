@@ -2,6 +2,7 @@
 products behind it: the numbers that decide whether speculation can pay on this machine.
 
     python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype float32            # packed (default)
+    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype float32 --pack-rows 1   # one layout
     python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype float32 --no-pack
     python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype bfloat16
     python scripts/forward_cost.py --matmul-only
@@ -28,14 +29,15 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def model_cost(source: str, dtype: str, blocks: list[int], repeats: int, prefill: int, pack: bool) -> None:
+def model_cost(source: str, dtype: str, blocks: list[int], repeats: int, prefill: int, pack: bool,
+               pack_rows: tuple[int, ...]) -> None:
     from draftwise.loading import load_lm
 
-    lm = load_lm(source, dtype=dtype, pack=pack)
+    lm = load_lm(source, dtype=dtype, pack=pack, pack_rows=pack_rows)
     lm.reset()
     started = time.perf_counter()
     lm.forward(list(range(1000, 1000 + prefill)), last=1)
-    packed = "packed " if pack and dtype == "float32" else ""
+    packed = f"packed for {'+'.join(map(str, pack_rows))} rows, " if pack and dtype == "float32" else ""
     print(f"{source} ({packed}{lm.model.dtype}, {torch.get_num_threads()} threads): "
           f"{prefill}-token prefill {time.perf_counter() - started:.1f} s; after it:")
     for n in blocks:
@@ -71,12 +73,14 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=200)
     parser.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
                         help="pre-pack float32 weights for oneDNN, as draftwise does by default")
+    parser.add_argument("--pack-rows", default="1,8",
+                        help="row counts to keep a packed layout for (draftwise's target default: 1,8)")
     parser.add_argument("--matmul-only", action="store_true")
     args = parser.parse_args()
     matmul_cost(args.repeats)
     if not args.matmul_only:
         model_cost(args.model, args.dtype, [int(b) for b in args.blocks.split(",")], args.repeats, args.prefill,
-                   args.pack)
+                   args.pack, tuple(int(r) for r in args.pack_rows.split(",")))
 
 
 if __name__ == "__main__":

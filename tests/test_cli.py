@@ -56,7 +56,7 @@ def odd_tokenizer_model(tmp_path_factory) -> Path:
         (["--target", "tiny:0", "--k", "20", "--k-max", "8"], "k (20) must not exceed k_max (8)"),
         (["--target", "tiny:0", "--drafter", "magic"], "--drafter must be 'model', 'ngram' or 'hybrid'"),
         (["--target", "tiny:0", "--file", "/nowhere/prompt.txt"], "cannot read prompt file"),
-        (["--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", "int3"], "quantize must be one of none, int8, int4"),
+        (["--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", "int3"], "--draft-quant must be one of none, int8, int4, got 'int3'"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(home, args, fragment):

@@ -10,8 +10,9 @@ Packing (``pack_linears``) changes no weight: it stores each float32 matrix in t
 layout oneDNN's matrix product wants, once, instead of on every call. oneDNN picks the layout
 for a given number of input rows, and the choice matters: a layout made for one row (a
 decoding step) makes 2-13 rows cost about twice as much, while a layout made for 8 rows
-costs ~10% more on one row. A target therefore keeps both (``TARGET_PACK_ROWS``) and each
-call uses the layout made for the row count nearest above its own. Qwen2.5-Coder-1.5B, 300-token
+costs ~10% more on one row. A target therefore keeps both (``TARGET_PACK_ROWS``; twice the
+weight memory, which ``load_lm`` only spends where the machine has it) and each call uses the
+layout made for the row count nearest above its own. Qwen2.5-Coder-1.5B, 300-token
 context, 2-core AVX2 CPU: 1 / 2 / 4 / 6 / 9 new tokens cost 245 / 475 / 550 / 570 / 634 ms with
 the one-row layout and 276 / 306 / 371 / 428 / 495 ms with the 8-row one (bfloat16: 223 / 429 /
 711 / 1065 / 1521 ms); a verification block is the cost speculation adds.
@@ -111,8 +112,8 @@ def _dense(layer: Int4Linear | Int8Linear, x: torch.Tensor, flat: torch.Tensor) 
 
 
 # Row counts the packed layouts of a target are made for: one-token steps (plain decoding, and
-# speculation where the policy switched drafting off) and verification blocks of 2 or more. A draft model
-# only ever scores one new row at a time, so it keeps one layout (``DRAFT_PACK_ROWS``).
+# speculation where the policy switched drafting off) and verification blocks of 2 or more.
+# A draft model scores one new row at a time, so it keeps one layout (``DRAFT_PACK_ROWS``).
 TARGET_PACK_ROWS = (1, 8)
 DRAFT_PACK_ROWS = (1,)
 

@@ -14,12 +14,12 @@ import inspect
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, get_args
 
 import typer
 
 from draftwise.cli.options import config_parameters
-from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP
+from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, DraftQuant
 
 STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
 LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
@@ -184,6 +184,8 @@ def _run(
         config = config_from_values(values)  # before any model loads: mistakes fail fast
     except ConfigError as exc:
         raise _fail(str(exc)) from None
+    if draft_quant not in get_args(DraftQuant):
+        raise _fail(f"--draft-quant must be one of {', '.join(get_args(DraftQuant))}, got {draft_quant!r}")
     text = _read_prompt(prompt, file)
     if target is None and draft is None and drafter is None:
         target, draft, drafter = DEFAULT_TARGET, DEFAULT_DRAFT, "model" if DEFAULT_DRAFT else "ngram"
