@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from draftwise.chat import ChatTemplateError, encode_prompt
 from draftwise.compat import IncompatibleModelsError, check_compatible
-from draftwise.loading import ModelLoadError, load_draft, load_lm, pick_dtype, resolve
+from draftwise.loading import ModelLoadError, load_draft, load_lm, memory_bytes, pick_dtype, resolve
 from draftwise.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, PackedLinear, can_pack
 from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, HOME_ENV, REGISTRY, lookup
 from draftwise.tiny import tiny_lm, tiny_tokenizer
@@ -89,13 +91,18 @@ def test_a_target_keeps_a_layout_per_row_count_unless_memory_is_short(home, tmp_
 
     assert layouts(load_lm(str(tmp_path / "m"), dtype="float32").model) == {TARGET_PACK_ROWS}
     assert layouts(load_draft(str(tmp_path / "m"), dtype="float32", quantize="none").model) == {DRAFT_PACK_ROWS}
-    # A machine too small for two copies of the weights: one layout, for verification blocks, and a note.
-    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 64}  # 256 KiB
-    monkeypatch.setattr("draftwise.loading.os.sysconf", lambda name: pages[name])
+    # A container too small for two copies of the weights: one layout, for verification blocks, and a note.
+    limit = tmp_path / "memory.max"
+    limit.write_text("262144\n")  # 256 KiB
+    monkeypatch.setattr("draftwise.loading.CGROUP_LIMITS", (str(tmp_path / "absent"), str(limit)))
+    assert memory_bytes() == 262144
     notes: list[str] = []
     small = load_lm(str(tmp_path / "m"), dtype="float32", log=notes.append)
     assert layouts(small.model) == {(max(TARGET_PACK_ROWS),)}
     assert any("blocks only" in note for note in notes)
+    # No limit ("max"): the machine's memory counts.
+    limit.write_text("max\n")
+    assert memory_bytes() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def test_auto_dtype_is_measured_once_and_cached(home):

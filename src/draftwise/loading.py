@@ -280,18 +280,39 @@ def _converted(lm: CausalLM, quantize: str, pack: bool, pack_rows: tuple[int, ..
     return lm
 
 
+# Where a container's memory limit is kept (cgroup v2, then v1); "max" or a huge number = none.
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_bytes() -> int | None:
+    """The memory this process may use: the machine's, or its container's limit if lower;
+    None where neither can be read."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = None
+    for path in CGROUP_LIMITS:
+        try:
+            limit = int(Path(path).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        memory = limit if memory is None else min(memory, limit)
+        break
+    return memory
+
+
 def _affordable(pack_rows: tuple[int, ...], model: Any, log: Callable[[str], None]) -> tuple[int, ...]:
     """``pack_rows``, or only its largest count where one layout per count would take more
-    than half of this machine's memory (each layout is a full copy of the float32 weights)."""
+    than half of the memory this process may use (each layout is a full copy of the float32
+    weights)."""
     import torch
 
     if len(pack_rows) < 2:
         return pack_rows
     weight_bytes = sum(m.weight.numel() * 4 for m in model.modules()
                        if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32)
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
+    memory = memory_bytes()
+    if memory is None:
         return (max(pack_rows),)
     if weight_bytes * len(pack_rows) <= memory // 2:
         return pack_rows
