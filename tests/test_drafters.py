@@ -17,7 +17,7 @@ from draftwise import (
 )
 from draftwise.model import CausalLM
 from draftwise.target import LocalTarget
-from draftwise.drafters import Proposal
+from draftwise.drafters import Proposal, build_drafter
 from draftwise.verify import Verdict
 
 
@@ -80,6 +80,17 @@ def test_ngram_index_follows_a_growing_context():
 def test_drafters_speak_the_protocol(tiny_random_draft):
     assert isinstance(NGramDrafter(), Drafter)
     assert isinstance(ModelDrafter(tiny_random_draft), Drafter)
+
+
+def test_build_drafter_makes_each_named_drafter(tiny_random_draft):
+    assert isinstance(build_drafter("ngram", None), NGramDrafter)
+    model = build_drafter("model", tiny_random_draft)
+    assert isinstance(model, ModelDrafter) and model.lm is tiny_random_draft
+    hybrid = build_drafter("hybrid", tiny_random_draft)
+    assert isinstance(hybrid, HybridDrafter) and hybrid.model.lm is tiny_random_draft
+    for kind in ("model", "hybrid"):
+        with pytest.raises(ValueError, match=f"drafter '{kind}' needs a draft model"):
+            build_drafter(kind, None)
 
 
 # --- the draft model ---------------------------------------------------------------------------

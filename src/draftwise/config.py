@@ -13,6 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 KPolicyName = Literal["fixed", "heuristic", "cost"]
 
+# The drafters every entry point offers by name (see draftwise.drafters.build_drafter); the
+# ones that draft with a model need a draft model loaded.
+DrafterKind = Literal["model", "ngram", "hybrid"]
+NEEDS_DRAFT_MODEL: frozenset[str] = frozenset({"model", "hybrid"})
+
 # Weight-only quantization of a draft model (see draftwise.quant). The draft's precision cannot
 # change the output, only its speed; int4 is the default because it drafts fastest on CPU
 # (Qwen2.5-Coder-0.5B per token here: 189 ms float32, 98 ms int8, 59 ms int4).

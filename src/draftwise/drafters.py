@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from draftwise.config import GenerationConfig
+from draftwise.config import DrafterKind, GenerationConfig
 from draftwise.model import CausalLM
 from draftwise.verify import Verdict, logits_to_probs, sample
 
@@ -188,3 +188,13 @@ class HybridDrafter:
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         self.model.observe(context, verdict)
         self.ngram.observe(context, verdict)
+
+
+def build_drafter(kind: DrafterKind, draft: CausalLM | None) -> Drafter:
+    """The drafter called ``kind``, drafting with ``draft`` where it needs a model."""
+    if kind == "ngram":
+        return NGramDrafter()
+    if draft is None:
+        raise ValueError(f"drafter {kind!r} needs a draft model")
+    model = ModelDrafter(draft)
+    return HybridDrafter(model) if kind == "hybrid" else model

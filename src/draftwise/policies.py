@@ -67,8 +67,8 @@ class PassTimes:
     two largest continues (flat while only one size is known); below the smallest, the
     smallest's time stands. No global line is fitted on purpose: on a CPU the cost is far
     from linear (Qwen2.5-Coder-1.5B, float32 packed for one row: 280, 482, 589, 612, 714 ms
-    for 1, 2, 4, 6, 9 tokens), and a line through the 2- to 6-token passes puts a one-token pass at 430 to
-    550 ms, making plain decoding look slower than it is.
+    for 1, 2, 4, 6, 9 tokens), and a line through the 2- to 6-token passes puts a one-token
+    pass at 430 to 550 ms, making plain decoding look slower than it is.
 
     Example: measured {1: 0.28, 6: 0.61} -> at(3) = 0.28 + 2/5 * 0.33 = 0.412, at(9) = 0.808.
     """

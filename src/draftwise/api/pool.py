@@ -22,8 +22,8 @@ from typing import Any
 
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.api.settings import DrafterName
-from draftwise.config import GenerationConfig
-from draftwise.drafters import Drafter, HybridDrafter, ModelDrafter, NGramDrafter
+from draftwise.config import NEEDS_DRAFT_MODEL, GenerationConfig
+from draftwise.drafters import Drafter, build_drafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.events import StepEvent
 from draftwise.model import CausalLM
@@ -42,11 +42,9 @@ def make_drafter(name: DrafterName, draft: CausalLM | None) -> Drafter | None:
     """The drafter a request asked for; ``None`` is plain decoding."""
     if name == "off":
         return None
-    if name == "ngram":
-        return NGramDrafter()
-    if draft is None:
+    if name in NEEDS_DRAFT_MODEL and draft is None:
         raise ValueError("this server has no draft model; use drafter 'ngram' or 'off'")
-    return HybridDrafter(ModelDrafter(draft)) if name == "hybrid" else ModelDrafter(draft)
+    return build_drafter(name, draft)
 
 
 @dataclass

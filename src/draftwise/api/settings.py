@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, DraftQuant, GenerationConfig
+from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, NEEDS_DRAFT_MODEL, DraftQuant, GenerationConfig
 
 DrafterName = Literal["model", "ngram", "hybrid", "off"]
 API_KEY_ENV = "DRAFTWISE_API_KEY"  # read by `draftwise serve`
@@ -52,7 +52,7 @@ class ServerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check_drafter(self) -> ServerSettings:
-        if self.drafter in ("model", "hybrid") and self.draft is None:
+        if self.drafter in NEEDS_DRAFT_MODEL and self.draft is None:
             raise ValueError(f"drafter '{self.drafter}' needs a draft model (--draft MODEL)")
         return self
 

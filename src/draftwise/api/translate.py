@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from draftwise.api.errors import APIError, invalid, validation_error
 from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from draftwise.api.settings import DrafterName, ServerSettings
-from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.config import NEEDS_DRAFT_MODEL, DraftConfig, GenerationConfig, SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def plan(request: GenerationRequest, prompt: list[int], settings: ServerSettings
 
     options = request.speculative
     drafter: DrafterName = (options.drafter if options is not None else None) or settings.default_drafter
-    if drafter in ("model", "hybrid") and not has_draft:
+    if drafter in NEEDS_DRAFT_MODEL and not has_draft:
         raise invalid("this server has no draft model; use drafter 'ngram' or 'off'", param="speculative.drafter")
     overrides = {} if options is None else options.model_dump(exclude={"drafter", "provenance"}, exclude_none=True)
     draft = _validated(DraftConfig, {**defaults.draft.model_dump(), **overrides}, ("speculative",))

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import torch
 
 from draftwise.bench.config import BenchConfig
-from draftwise.config import GenerationConfig
-from draftwise.drafters import HybridDrafter, ModelDrafter, NGramDrafter
+from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig
+from draftwise.drafters import build_drafter
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.metrics import GenerationMetrics
 from draftwise.model import CausalLM
@@ -194,6 +194,10 @@ class HFMethod:
                      wall_seconds=wall, finish_reason=reason)
 
 
+# The bench's draftwise methods and the drafter each runs ("draft" predates the drafter names).
+DRAFTER_KINDS: dict[str, DrafterKind] = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}
+
+
 def build_methods(config: BenchConfig, target: CausalLM, draft: CausalLM | None
                   ) -> tuple[dict[str, Method], list[RollbackTimer]]:
     """One ``Method`` per configured name, sharing the loaded models; close the timers when done."""
@@ -203,14 +207,11 @@ def build_methods(config: BenchConfig, target: CausalLM, draft: CausalLM | None
     for name in config.methods:
         if name == "baseline":
             methods[name] = DraftwiseMethod(name, autoregressive(target), target_timer)
-        elif name == "draft":
-            methods[name] = DraftwiseMethod(name, SpeculativeEngine.from_models(target, draft),
-                                            [*target_timer, timers[id(draft)]])
-        elif name == "ngram":
-            methods[name] = DraftwiseMethod(name, SpeculativeEngine.from_models(target, NGramDrafter()), target_timer)
-        elif name == "hybrid":
-            methods[name] = DraftwiseMethod(name, SpeculativeEngine.from_models(target, HybridDrafter(ModelDrafter(draft))),
-                                            [*target_timer, timers[id(draft)]])
+        elif name in DRAFTER_KINDS:
+            kind = DRAFTER_KINDS[name]
+            timed = [*target_timer, timers[id(draft)]] if kind in NEEDS_DRAFT_MODEL else target_timer
+            methods[name] = DraftwiseMethod(name, SpeculativeEngine.from_models(target, build_drafter(kind, draft)),
+                                            timed)
         else:
             methods[name] = HFMethod(name, target, draft if name == "hf-assisted" else None)
     return methods, list(timers.values())

@@ -19,7 +19,7 @@ from typing import Any, Optional, get_args
 import typer
 
 from draftwise.cli.options import config_parameters
-from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, DraftQuant
+from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, NEEDS_DRAFT_MODEL, DrafterKind, DraftQuant
 
 STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
 LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
@@ -114,17 +114,17 @@ def _stats_table(metrics: Any, title: str):
 def _load_models(
     target: str, draft: str | None, drafter: str, dtype: str, threads: int | None, console, draft_quant: str = "none"
 ):
-    """Load target (and draft model), check they fit together; one-line errors."""
+    """Load target (and draft model, None for n-gram lookup), check they fit together;
+    one-line errors."""
     from draftwise.compat import IncompatibleModelsError, check_compatible
-    from draftwise.drafters import HybridDrafter, ModelDrafter, NGramDrafter
     from draftwise.loading import ModelLoadError, load_draft, load_lm
     from draftwise.model import CausalLM
 
     try:
         with console.status(f"loading target {target}"):
             target_lm = load_lm(target, dtype=dtype, threads=threads, log=console.print)
-        if drafter == "ngram":
-            return target_lm, NGramDrafter()
+        if drafter not in NEEDS_DRAFT_MODEL:
+            return target_lm, None
         with console.status(f"loading draft {draft}"):
             draft_lm = (
                 target_lm
@@ -137,14 +137,14 @@ def _load_models(
         check_compatible(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
     except (ModelLoadError, IncompatibleModelsError) as exc:
         raise _fail(str(exc)) from None
-    return target_lm, HybridDrafter(ModelDrafter(draft_lm)) if drafter == "hybrid" else draft_lm
+    return target_lm, draft_lm
 
 
 def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, str]:
     """(draft model source, drafter kind): explicit flags win, else the registry's advice."""
     from draftwise.registry import REGISTRY
 
-    if drafter not in (None, "model", "ngram", "hybrid"):
+    if drafter is not None and drafter not in get_args(DrafterKind):
         raise _fail(f"--drafter must be 'model', 'ngram' or 'hybrid', got {drafter!r}")
     if drafter == "ngram":
         return None, "ngram"
@@ -152,7 +152,7 @@ def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tupl
         return draft, drafter or "model"
     entry = REGISTRY.get(target)
     recommended = entry.draft if entry is not None else None
-    if drafter in ("model", "hybrid"):
+    if drafter in NEEDS_DRAFT_MODEL:
         if recommended in (None, "ngram"):
             raise _fail(f"--drafter {drafter} needs --draft: no draft model is known for {target!r}")
         return recommended, drafter
@@ -198,11 +198,11 @@ def _run(
 
     err = Console(stderr=True)
     out = Console(highlight=False)
-    target_lm, drafter_obj = _load_models(target, draft, drafter, dtype, threads, err, draft_quant)
+    target_lm, draft_lm = _load_models(target, draft, drafter, dtype, threads, err, draft_quant)
 
+    from draftwise.drafters import build_drafter
     from draftwise.engine import GenerationResult, SpeculativeEngine, autoregressive
     from draftwise.metrics import GenerationMetrics
-    from draftwise.model import CausalLM
 
     try:
         ids = encode_prompt(target_lm.tokenizer, text, chat)
@@ -212,13 +212,12 @@ def _run(
     if verifier is None:
         # One short pass per model first: the first call pages the weights in and picks
         # kernels, a one-off cost that would otherwise be billed to whichever run goes first.
-        for lm in (target_lm, drafter_obj):
-            if isinstance(lm, CausalLM):
+        for lm in (target_lm, draft_lm):
+            if lm is not None:
                 lm.reset()
                 lm.forward(ids[:8], last=1)
-        engine = SpeculativeEngine.from_models(target_lm, drafter_obj)
+        engine = SpeculativeEngine.from_models(target_lm, build_drafter(drafter, draft_lm))
     else:
-        from draftwise.drafters import ModelDrafter
         from draftwise.remote.client import RemoteVerifierError, connect
 
         remote_errors = (RemoteVerifierError,)
@@ -226,7 +225,7 @@ def _run(
             remote = connect(verifier, tokenizer=target_lm.tokenizer)
         except RemoteVerifierError as exc:
             raise _fail(str(exc)) from None
-        engine = SpeculativeEngine(remote, ModelDrafter(drafter_obj), tokenizer=target_lm.tokenizer)
+        engine = SpeculativeEngine(remote, build_drafter(drafter, draft_lm), tokenizer=target_lm.tokenizer)
     label = f"{target} + " + {"model": f"{draft} drafter", "ngram": "n-gram drafter",
                                "hybrid": f"n-gram / {draft} hybrid drafter"}[drafter]
     if not as_json:

@@ -15,7 +15,7 @@ from typing import Any
 import streamlit as st
 
 from draftwise.api.settings import API_KEY_ENV
-from draftwise.config import DraftConfig, GenerationConfig
+from draftwise.config import NEEDS_DRAFT_MODEL, DraftConfig, GenerationConfig
 from draftwise.dashboard import charts
 from draftwise.dashboard.client import API_URL_ENV, DEFAULT_API_URL, ApiClient, ApiError, RunRequest
 from draftwise.dashboard.live import ACCEPTED, BONUS, CORRECTED, LiveRun, compare
@@ -107,7 +107,7 @@ def _settings(health: dict[str, Any] | None) -> dict[str, Any]:
     """The sidebar's generation settings; defaults come from the config classes and the server."""
     sb = st.sidebar
     sb.subheader("Generation")
-    offered = [d for d in DRAFTERS if d not in ("model", "hybrid") or (health or {}).get("draft")]
+    offered = [d for d in DRAFTERS if d not in NEEDS_DRAFT_MODEL or (health or {}).get("draft")]
     server_default = (health or {}).get("drafter")
     drafter = sb.selectbox("Drafter", offered, index=offered.index(server_default) if server_default in offered else 0,
                            key="drafter", help="model: the server's draft model; ngram: prompt lookup; hybrid: lookup "
