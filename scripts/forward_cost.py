@@ -49,19 +49,28 @@ def model_cost(source: str, dtype: str, blocks: list[int], repeats: int, prefill
 
 
 def matmul_cost(repeats: int) -> None:
+    from draftwise.quant import PackedLinear, can_pack
+
     k, n = 1536, 8960  # Qwen2.5-1.5B's MLP up-projection
     weight = torch.randn(n, k) * 0.05
     scales = weight.abs().amax(1) / 127
     weight_int8 = (weight / scales[:, None]).round().to(torch.int8)
+    dense = torch.nn.Linear(k, n, bias=False)
+    dense.weight.data = weight
+    # The same weight packed for oneDNN, in the layout made for one row and for eight.
+    packed = {rows: PackedLinear(dense, (rows,)) for rows in (1, 8)} if can_pack() else {}
     print(f"x[m, {k}] @ W[{n}, {k}]^T:")
-    for m in (1, 2, 5, 9, 13):
-        x = torch.randn(m, k)
-        f32 = _median_ms(lambda: torch.nn.functional.linear(x, weight), repeats)
-        bf16 = _median_ms(lambda: torch.nn.functional.linear(x.bfloat16(), weight.bfloat16()), repeats)
-        int8 = _median_ms(
-            lambda: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), weight_int8, scales.bfloat16()), repeats
-        )
-        print(f"  m={m:2d}: float32 {f32:6.2f} ms  bfloat16 {bf16:6.2f} ms  int8 weights {int8:6.2f} ms")
+    with torch.inference_mode():
+        for m in (1, 2, 3, 4, 6, 9, 13):
+            x = torch.randn(m, k)
+            f32 = _median_ms(lambda: torch.nn.functional.linear(x, weight), repeats)
+            bf16 = _median_ms(lambda: torch.nn.functional.linear(x.bfloat16(), weight.bfloat16()), repeats)
+            int8 = _median_ms(
+                lambda: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), weight_int8, scales.bfloat16()), repeats
+            )
+            layouts = "  ".join(f"packed for {rows} row{'s' * (rows > 1)} {_median_ms(lambda: layer(x), repeats):6.2f} ms"
+                                for rows, layer in packed.items())
+            print(f"  m={m:2d}: float32 {f32:6.2f} ms  bfloat16 {bf16:6.2f} ms  int8 weights {int8:6.2f} ms  {layouts}")
 
 
 def main() -> None:

@@ -9,13 +9,14 @@ half the bytes of bfloat16 ones, int4 a quarter.
 Packing (``pack_linears``) changes no weight: it stores each float32 matrix in the blocked
 layout oneDNN's matrix product wants, once, instead of on every call. oneDNN picks the layout
 for a given number of input rows, and the choice matters: a layout made for one row (a
-decoding step) makes 2-13 rows cost about twice as much, while a layout made for 8 rows
-costs ~10% more on one row. A target therefore keeps both (``TARGET_PACK_ROWS``; twice the
+decoding step) makes 2-13 rows cost up to about twice as much, while a layout made for 8
+rows costs the same to ~8% more on one row. A target therefore keeps both (``TARGET_PACK_ROWS``; twice the
 weight memory, which ``load_lm`` only spends where the machine has it) and each call uses the
 layout made for the row count nearest above its own. Qwen2.5-Coder-1.5B, 300-token
-context, 2-core AVX2 CPU: 1 / 2 / 4 / 6 / 9 new tokens cost 245 / 475 / 550 / 570 / 634 ms with
-the one-row layout and 276 / 306 / 371 / 428 / 495 ms with the 8-row one (bfloat16: 223 / 429 /
-711 / 1065 / 1521 ms); a verification block is the cost speculation adds.
+context, 2-core AVX2 CPU: 1 / 2 / 4 / 6 / 9 new tokens cost 310 / 510 / 579 / 596 / 654 ms with
+the one-row layout and 312 / 333 / 409 / 447 / 523 ms with the 8-row one
+(``scripts/pack_layouts.py``; bfloat16: 223 / 429 / 711 / 1065 / 1521 ms); a verification
+block is the cost speculation adds.
 
 Format (torch's packed int4 CPU kernel): each row of the weight is cut into groups of
 ``group_size`` input features; within a group ``w ~ (q - 8) * scale + zero`` with ``q`` in
