@@ -85,8 +85,11 @@ def main() -> None:
 
     # Load here first: a GGUF's first load writes its converted weights, which a server
     # process then reads instead of converting the same file at the same time.
-    target = load_lm(args.target, threads=args.threads)
-    draft = load_lm(args.draft, threads=args.threads)
+    from draftwise.config import ModelOptions
+
+    options = ModelOptions(threads=args.threads)
+    target = load_lm(args.target, options)
+    draft = load_lm(args.draft, options, draft=True)
     with ExitStack() as stack:
         if args.server == "process":
             url = stack.enter_context(server_process(args.target, args.threads))

@@ -14,14 +14,16 @@ import sys
 import time
 
 from draftwise import GenerationConfig, SpeculativeEngine, autoregressive
-from draftwise.loading import load_lm
-from draftwise.model import CausalLM
-from draftwise.quant import quantize_weights
+from draftwise.backends.hf import HFModel
+from draftwise.backends.hf_loading import load_hf
+from draftwise.config import ModelOptions
+from draftwise.loading import resolve
+from draftwise.backends.quant import quantize_weights
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 
 
-def draft_ms_per_token(lm: CausalLM, context: int = 200, repeats: int = 6) -> float:
+def draft_ms_per_token(lm: HFModel, context: int = 200, repeats: int = 6) -> float:
     lm.prefill(list(range(1000, 1000 + context)))
     times = []
     for i in range(repeats):
@@ -33,8 +35,9 @@ def draft_ms_per_token(lm: CausalLM, context: int = 200, repeats: int = 6) -> fl
 
 def main() -> None:
     bits = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-    target = load_lm("qwen2.5-coder-1.5b", dtype="float32")
-    draft = load_lm("qwen2.5-coder-0.5b", dtype="float32")
+    f32 = ModelOptions(backend="hf", dtype="float32")
+    target = load_hf("qwen2.5-coder-1.5b", resolve("qwen2.5-coder-1.5b"), f32)
+    draft = load_hf("qwen2.5-coder-0.5b", resolve("qwen2.5-coder-0.5b"), f32)
     print(f"draft full precision: {draft_ms_per_token(draft):.1f} ms/token", flush=True)
     replaced = quantize_weights(draft.model, bits=bits)
     print(f"draft int{bits} ({replaced} layers): {draft_ms_per_token(draft):.1f} ms/token", flush=True)

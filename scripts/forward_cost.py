@@ -1,11 +1,10 @@
 """Forward-pass cost of a model for 1 new token vs a block of tokens, and of the matrix
 products behind it: the numbers that decide whether speculation can pay on this machine.
 
-    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype float32            # packed (default)
-    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype float32 --pack-rows 1   # one layout
-    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype float32 --no-pack
-    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --dtype bfloat16
-    python scripts/forward_cost.py --matmul-only
+    python scripts/forward_cost.py --model qwen2.5-coder-1.5b                     # llama.cpp (GGUF default)
+    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --backend hf --dtype float32   # packed
+    python scripts/forward_cost.py --model qwen2.5-coder-1.5b --backend hf --dtype float32 --pack-rows 1
+    python scripts/forward_cost.py --matmul-only                                   # torch's CPU products
 
 Speculation pays when scoring k+1 tokens in one target pass costs about what one token costs.
 """
@@ -29,16 +28,21 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def model_cost(source: str, dtype: str, blocks: list[int], repeats: int, prefill: int, pack: bool,
+def model_cost(source: str, options, blocks: list[int], repeats: int, prefill: int, pack: bool,
                pack_rows: tuple[int, ...]) -> None:
-    from draftwise.loading import load_lm
+    from draftwise.loading import choose_backend, load_lm, resolve
 
-    lm = load_lm(source, dtype=dtype, pack=pack, pack_rows=pack_rows)
+    if choose_backend(resolve(source), options.backend, print) == "hf":
+        from draftwise.backends.hf_loading import load_hf
+
+        lm = load_hf(source, resolve(source), options, pack=pack, pack_rows=pack_rows)
+    else:
+        lm = load_lm(source, options)
     lm.reset()
     started = time.perf_counter()
     lm.forward(list(range(1000, 1000 + prefill)), last=1)
-    packed = f"packed for {'+'.join(map(str, pack_rows))} rows, " if pack and dtype == "float32" else ""
-    print(f"{source} ({packed}{lm.model.dtype}, {torch.get_num_threads()} threads): "
+    packed = f"packed for {'+'.join(map(str, pack_rows))} rows, " if pack and lm.dtype == "float32" else ""
+    print(f"{source} ({lm.backend}, {packed}{lm.dtype}, threads {options.threads or 'all'}): "
           f"{prefill}-token prefill {time.perf_counter() - started:.1f} s; after it:")
     for n in blocks:
         def step(n: int = n) -> None:
@@ -49,7 +53,7 @@ def model_cost(source: str, dtype: str, blocks: list[int], repeats: int, prefill
 
 
 def matmul_cost(repeats: int) -> None:
-    from draftwise.quant import PackedLinear, can_pack
+    from draftwise.backends.quant import PackedLinear, can_pack
 
     k, n = 1536, 8960  # Qwen2.5-1.5B's MLP up-projection
     weight = torch.randn(n, k) * 0.05
@@ -76,20 +80,26 @@ def matmul_cost(repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--backend", default="auto", choices=["auto", "llamacpp", "hf"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="hf backend")
+    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--blocks", default="1,2,5,9")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefill", type=int, default=200)
     parser.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
-                        help="pre-pack float32 weights for oneDNN, as draftwise does by default")
+                        help="hf backend: pre-pack float32 weights for oneDNN, as draftwise does by default")
     parser.add_argument("--pack-rows", default="1,8",
                         help="row counts to keep a packed layout for (draftwise's target default: 1,8)")
     parser.add_argument("--matmul-only", action="store_true")
     args = parser.parse_args()
-    matmul_cost(args.repeats)
-    if not args.matmul_only:
-        model_cost(args.model, args.dtype, [int(b) for b in args.blocks.split(",")], args.repeats, args.prefill,
-                   args.pack, tuple(int(r) for r in args.pack_rows.split(",")))
+    from draftwise.config import ModelOptions
+
+    if args.matmul_only:
+        matmul_cost(args.repeats)
+        return
+    options = ModelOptions(backend=args.backend, dtype=args.dtype, threads=args.threads)
+    model_cost(args.model, options, [int(b) for b in args.blocks.split(",")], args.repeats, args.prefill,
+               args.pack, tuple(int(r) for r in args.pack_rows.split(",")))
 
 
 if __name__ == "__main__":

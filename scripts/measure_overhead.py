@@ -1,7 +1,7 @@
 """Measure the decode loop's own per-step overhead on tiny models.
 
 The overhead of a step is its wall time minus the time spent inside the two models'
-forward passes (``CausalLM.forward``, timed here by wrapping it). Two figures per step:
+forward passes (``LanguageModel.forward``, timed here by wrapping it). Two figures per step:
 
 * ``loop``: wall time between two consecutive events of ``SpeculativeEngine.stream`` minus
   forward time: everything the loop does besides running models (drafting and verification
@@ -24,8 +24,8 @@ from collections.abc import Callable
 import torch
 
 from draftwise import DraftConfig, GenerationConfig, NGramDrafter, SamplingConfig, SpeculativeEngine
-from draftwise.model import CausalLM
-from draftwise.tiny import tiny_lm
+from draftwise.lm import LanguageModel
+from draftwise.backends.tiny import tiny_lm
 
 PROMPT = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint(fib(10))\n"
 
@@ -38,7 +38,7 @@ class ForwardClock:
         self.cpu_seconds = 0.0
         self.calls: list[tuple[int, float]] = []  # (tokens fed, seconds) per call
 
-    def wrap(self, lm: CausalLM) -> None:
+    def wrap(self, lm: LanguageModel) -> None:
         inner: Callable = lm.forward
 
         def timed(tokens, last=None):

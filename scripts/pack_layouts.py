@@ -24,16 +24,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
 
-    from draftwise.loading import load_lm
-    from draftwise.model import CausalLM
-    from draftwise.quant import pack_linears
+    from draftwise.backends.hf import HFModel
+    from draftwise.backends.hf_loading import load_hf
+    from draftwise.config import ModelOptions
+    from draftwise.loading import resolve
+    from draftwise.backends.quant import pack_linears
 
-    plain = load_lm(args.model, dtype="float32", pack=False)
+    plain = load_hf(args.model, resolve(args.model), ModelOptions(backend="hf", dtype="float32"), pack=False)
     layouts = {}
     for rows in (1, 8):
         model = copy.deepcopy(plain.model) if rows == 1 else plain.model
         pack_linears(model, (rows,))
-        layouts[rows] = CausalLM(model, plain.tokenizer)
+        layouts[rows] = HFModel(model, plain.tokenizer)
     blocks = [int(b) for b in args.blocks.split(",")]
     times: dict[int, dict[int, list[float]]] = {rows: {n: [] for n in blocks} for rows in layouts}
     for lm in layouts.values():

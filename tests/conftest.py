@@ -9,30 +9,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftwise.model import CausalLM
-from draftwise.tiny import tiny_lm
+from draftwise.lm import LanguageModel
+from draftwise.backends.tiny import tiny_lm
 
 
 @pytest.fixture(scope="session")
-def tiny_target() -> CausalLM:
+def tiny_target() -> LanguageModel:
     """The target of most tests (seed 0)."""
     return tiny_lm(0)
 
 
 @pytest.fixture(scope="session")
-def tiny_same_draft() -> CausalLM:
+def tiny_same_draft() -> LanguageModel:
     """Same weights as ``tiny_target``, separate cache: a draft that is always right."""
     return tiny_lm(0)
 
 
 @pytest.fixture(scope="session")
-def tiny_random_draft() -> CausalLM:
+def tiny_random_draft() -> LanguageModel:
     """Unrelated weights (seed 1): a draft that is almost always wrong."""
     return tiny_lm(1)
 
 
 @pytest.fixture(scope="session")
-def tiny_near_draft() -> CausalLM:
+def tiny_near_draft() -> LanguageModel:
     """The target's weights with noise on the output layer: a draft that agrees only in
     part, so sampling tests exercise acceptances and rejections alike."""
     lm = tiny_lm(0)

@@ -12,7 +12,7 @@ from draftwise.api.settings import ServerSettings
 from draftwise.bench.config import BenchConfig
 from draftwise.bench.runner import run_bench
 from draftwise.config import GenerationConfig
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel
 from draftwise.remote.server import serve_in_background
 
 MODEL = "tiny:0"
@@ -25,7 +25,7 @@ BENCH_PROMPTS = [
 
 
 @contextmanager
-def live_api(target: CausalLM, draft: CausalLM | None = None) -> Iterator[str]:
+def live_api(target: LanguageModel, draft: LanguageModel | None = None) -> Iterator[str]:
     """A real draftwise API server on 127.0.0.1 (a free port) over in-process tiny models."""
     app = create_app(ServerSettings(target=MODEL, draft="tiny-draft" if draft is not None else None),
                      target=target, draft=draft)
@@ -33,11 +33,11 @@ def live_api(target: CausalLM, draft: CausalLM | None = None) -> Iterator[str]:
         yield url
 
 
-def tiny_bench(folder: Path, target: CausalLM, draft: CausalLM) -> Path:
+def tiny_bench(folder: Path, target: LanguageModel, draft: LanguageModel) -> Path:
     """A finished `draftwise bench` run (baseline, draft, ngram) on two one-prompt subtasks."""
     data = folder / "prompts.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in BENCH_PROMPTS))
     config = BenchConfig(target=MODEL, draft="tiny:1", data=str(data), out=folder / "out", warmup=False,
-                         methods=("baseline", "draft", "ngram"), generation=GenerationConfig(max_new_tokens=8))
+                         methods=("baseline", "model", "ngram"), generation=GenerationConfig(max_new_tokens=8))
     run_bench(config, command="draftwise bench (dashboard test)", models=(target, draft))
     return config.out

@@ -30,7 +30,7 @@ def test_serve_help_lists_the_settings():
         (["--target", "tiny:0", "--workers", "0"], 2, "workers"),
         (["--target", "tiny:0", "--drafter", "model"], 2, "needs a draft model"),
         (["--target", "tiny:0", "--drafter", "magic"], 2, "drafter"),
-        (["--target", "/nonexistent/model.gguf", "--drafter", "ngram"], 1, "no such file"),
+        (["--target", "/nonexistent/model.gguf", "--drafter", "ngram"], 2, "no such file"),
     ],
 )
 def test_serve_mistakes_are_one_line_errors(args, code, says):

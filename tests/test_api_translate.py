@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 pytest.importorskip("fastapi")
@@ -12,6 +10,7 @@ from draftwise.api.errors import APIError  # noqa: E402
 from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.api.translate import encode_chat, plan  # noqa: E402
+from draftwise.backends.tiny import tiny_tokenizer  # noqa: E402
 from draftwise.config import DraftConfig, GenerationConfig  # noqa: E402
 
 TEMPLATE = (
@@ -28,16 +27,16 @@ def _chat(*messages: tuple[str, str]) -> ChatCompletionRequest:
     return ChatCompletionRequest(model="m", messages=[{"role": r, "content": c} for r, c in messages])
 
 
-def test_chat_uses_the_tokenizers_template(tiny_target):
-    tokenizer = copy.deepcopy(tiny_target.tokenizer)
+def test_chat_uses_the_tokenizers_template():
+    tokenizer = tiny_tokenizer()
     tokenizer.chat_template = TEMPLATE
     ids = encode_chat(_chat(("developer", "be brief"), ("user", "hi")), tokenizer)
     # "developer" is OpenAI's newer name for "system"; the generation prompt is appended.
     assert tokenizer.decode(ids) == "<system>be brief</system><user>hi</user><assistant>"
 
 
-def test_chat_template_refusal_is_a_400(tiny_target):
-    tokenizer = copy.deepcopy(tiny_target.tokenizer)
+def test_chat_template_refusal_is_a_400():
+    tokenizer = tiny_tokenizer()
     tokenizer.chat_template = STRICT_TEMPLATE
     with pytest.raises(APIError) as refused:
         encode_chat(_chat(("user", "hi"), ("system", "late")), tokenizer)

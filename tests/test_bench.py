@@ -15,11 +15,10 @@ from draftwise.bench.dataset import DatasetError, load_prompts
 from draftwise.bench.runner import run_bench
 from draftwise.bench.analysis import OVERALL, predicted_speedup, prompt_rate
 from draftwise.bench.audit import NEAR_TIE, audit_prompt, first_difference
-from draftwise.bench.config import METHODS
 from draftwise.bench.runner import RESULTS, PromptBuilder
 from draftwise.config import GenerationConfig
 from draftwise.policies import expected_speedup
-from draftwise.tiny import tiny_tokenizer
+from draftwise.backends.tiny import tiny_tokenizer
 
 ROWS = [
     {"id": "p1", "subtask": "alpha", "prompt": "The cat sat on the mat. The cat sat on"},
@@ -27,14 +26,16 @@ ROWS = [
     {"id": "p3", "category": "beta", "turns": ["Say hello.", "Say it again."]},
 ]
 TURNS = 4  # p1, p2 and two turns of p3
-DRAFTWISE = ("baseline", "draft", "ngram", "hybrid")
+DRAFTWISE = ("baseline", "model", "ngram", "hybrid")
+# Every method the hf backend runs: draftwise's own and transformers' anchors.
+METHODS = (*DRAFTWISE, "hf-assisted", "hf-pld", "hf-baseline")
 
 
 def _config(tmp_path: Path, **overrides) -> BenchConfig:
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     settings = {"target": "tiny:0", "draft": "tiny:1", "data": str(data), "out": tmp_path / "out",
-                "warmup": False, "generation": GenerationConfig(max_new_tokens=12)}
+                "warmup": False, "generation": GenerationConfig(max_new_tokens=12), "methods": METHODS}
     return BenchConfig(**{**settings, **overrides})
 
 
@@ -116,8 +117,8 @@ def test_greedy_audit(finished) -> None:
         assert stats["compared"] == 3
         assert len(summary["mismatches"][method]) == stats["compared"] - stats["identical"]
     # draftwise's own speculation is lossless: greedy output equals plain decoding exactly.
-    assert overall["draft"]["identical"] == overall["ngram"]["identical"] == 3
-    assert "`draft`: 3/3 (100%)" in report
+    assert overall["model"]["identical"] == overall["ngram"]["identical"] == 3
+    assert "`model`: 3/3 (100%)" in report
 
 
 def test_second_turn_feeds_the_models_own_answer(finished) -> None:
@@ -142,7 +143,7 @@ def test_resume_after_a_smaller_run_adds_only_what_is_missing(tmp_path: Path) ->
 
 
 def test_resume_after_an_interruption_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    config = _config(tmp_path, methods=("baseline", "draft", "ngram"))
+    config = _config(tmp_path, methods=("baseline", "model", "ngram"))
     seen: list[dict] = []
 
     def interrupt_after_five(record: dict) -> None:
@@ -199,7 +200,7 @@ def test_audit_reports_the_first_difference_and_its_gap() -> None:
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
-    ref = [{"prompt_id": "a", "subtask": "s", "turn": 0, "tokens": [4, 5, 6], "top2_gaps": [0.9, 0.01, 0.5]}]
+    ref = [{"prompt_id": "a", "subtask": "s", "turn": 0, "tokens": [4, 5, 6], "top2_logit_gaps": [0.9, 0.01, 0.5]}]
     assert audit_prompt(ref, [{"tokens": [4, 5, 6]}]) is None
     tie = audit_prompt(ref, [{"tokens": [4, 7, 6]}])
     assert (tie["position"], tie["reference_token"], tie["method_token"]) == (1, 5, 7)
@@ -225,7 +226,7 @@ def test_cli_runs_the_bench_end_to_end(tmp_path: Path) -> None:
                 "--max-new-tokens", "6", "--limit", "1", "--no-progress")
     assert done.returncode == 0, done.stderr
     assert (config.out / "report.md").exists() and "report:" in done.stderr
-    assert len(_lines(config.out)) == 3 * len(METHODS)  # p1 and both turns of p3
+    assert len(_lines(config.out)) == 3 * len(DRAFTWISE)  # p1 and both turns of p3; the default methods
     summary = json.loads((config.out / "summary.json").read_text())
     assert summary["config"]["generation"]["max_new_tokens"] == 6
 

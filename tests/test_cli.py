@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from draftwise.tiny import tiny_lm
+from draftwise.backends.tiny import tiny_lm
 
 ENTRY = Path(sys.executable).with_name("draftwise")
 
@@ -38,9 +38,9 @@ def odd_tokenizer_model(tmp_path_factory) -> Path:
     """A tiny model folder whose tokenizer has one token more than tiny:0's."""
     folder = tmp_path_factory.mktemp("odd")
     lm = tiny_lm(0)
-    lm.tokenizer.add_tokens(["<odd>"])
+    lm.tokenizer.hf.add_tokens(["<odd>"])
     lm.model.save_pretrained(folder)
-    lm.tokenizer.save_pretrained(folder)
+    lm.tokenizer.hf.save_pretrained(folder)
     return folder
 
 
@@ -56,7 +56,7 @@ def odd_tokenizer_model(tmp_path_factory) -> Path:
         (["--target", "tiny:0", "--k", "20", "--k-max", "8"], "k (20) must not exceed k_max (8)"),
         (["--target", "tiny:0", "--drafter", "magic"], "--drafter must be 'model', 'ngram' or 'hybrid'"),
         (["--target", "tiny:0", "--file", "/nowhere/prompt.txt"], "cannot read prompt file"),
-        (["--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", "int3"], "--draft-quant must be one of none, int8, int4, got 'int3'"),
+        (["--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", "int3"], "--draft-quant: Input should be 'none', 'int8' or 'int4' (got 'int3')"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(home, args, fragment):

@@ -220,18 +220,18 @@ def test_bench_report_tables(bench_out: Path) -> None:
     results = load_bench(bench_out / "results.jsonl")  # a file inside the folder opens the folder
     assert results.folder == bench_out
     assert results.groups == ["overall", "alpha", "beta"]
-    assert results.methods == ["baseline", "draft", "ngram"]
+    assert results.methods == ["baseline", "model", "ngram"]
     assert [p.name for p in results.plots] == ["speedup.png", "accepted_length.png", "tokens_per_second.png"]
     assert results.report_md.startswith("# draftwise bench")
     summary = json.loads((bench_out / "summary.json").read_text())
     table = method_table(results, "alpha")
-    assert list(table.index) == ["baseline", "draft", "ngram"]
-    assert table.loc["draft", "tokens/s"] == summary["groups"]["alpha"]["draft"]["tokens_per_second"]
+    assert list(table.index) == ["baseline", "model", "ngram"]
+    assert table.loc["model", "tokens/s"] == summary["groups"]["alpha"]["model"]["tokens_per_second"]
     assert table.loc["baseline", "speedup"] == pytest.approx(1.0)
     assert table.loc["baseline", "identical"] == "(reference)" and table.loc["ngram", "identical"] == "1/1"
     rows = record_table(results, "beta", "ngram")
     assert list(rows["prompt"]) == ["p2"] and list(rows["new tokens"]) == [8]
-    assert len(record_table(results, "overall", "draft")) == 2
+    assert len(record_table(results, "overall", "model")) == 2
 
 
 def test_bench_report_without_summary_and_bad_paths(bench_out: Path, tmp_path: Path) -> None:

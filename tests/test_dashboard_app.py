@@ -111,7 +111,7 @@ def test_report_view(tmp_path_factory, tiny_target, tiny_random_draft, monkeypat
     assert not at.exception
     assert at.selectbox(key="bench_group").options == ["overall", "alpha", "beta"]
     methods = at.dataframe[0].value
-    assert list(methods.index) == ["baseline", "draft", "ngram"]
+    assert list(methods.index) == ["baseline", "model", "ngram"]
     at.selectbox(key="bench_group").set_value("beta")
     at.selectbox(key="bench_method").set_value("ngram").run()
     records = at.dataframe[1].value

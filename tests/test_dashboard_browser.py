@@ -1,5 +1,5 @@
-"""A real browser on the real thing: ``draftwise dashboard`` (which starts ``draftwise serve`` on tiny
-models and ``streamlit run``), driven by headless Chromium through Playwright.
+"""A real browser on the real thing: ``draftwise dashboard`` (which starts ``draftwise serve`` and
+``streamlit run``), driven by headless Chromium through Playwright, on tiny models and on a real one.
 
 Chromium is Debian's package (``apt-get install chromium``; Playwright's own browser downloads
 do not work offline). Screenshots are saved as artifacts under ``$DRAFTWISE_ARTIFACTS`` (default:
@@ -11,15 +11,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from cli_support import cli_server
+from draftwise.registry import REGISTRY, is_pulled
 
 pytest.importorskip("streamlit")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -35,48 +33,14 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="no Chromium found (apt-get install chromium); .ci/run installs it")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory) -> Iterator[str]:
     """`draftwise dashboard` on tiny models: target tiny:0, draft tiny:0 (the same weights, not
     quantized: a draft that is always right)."""
-    import httpx
-
-    port = _free_port()
+    args = ["dashboard", "--target", "tiny:0", "--draft", "tiny:0", "--draft-quant", "none", "--threads", "1"]
     log = tmp_path_factory.mktemp("dashboard") / "dashboard.log"
-    command = [sys.executable, "-c", "from draftwise.cli import main; main()", "dashboard", "--target", "tiny:0",
-               "--draft", "tiny:0", "--draft-quant", "none", "--threads", "1", "--port", str(port)]
-    with log.open("wb") as sink:
-        # Its own session, so teardown stops the command and both of its children together.
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"draftwise dashboard exited ({process.returncode}):\n{log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=2.0, trust_env=False).text == "ok":
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the dashboard did not come up in {STARTUP_S} s:\n{log.read_text()[-2000:]}")
-            time.sleep(1.0)
+    with cli_server(args, "/_stcore/health", log, startup_s=STARTUP_S, env={"OMP_NUM_THREADS": "1"}) as (url, _):
         yield url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 @pytest.fixture()
@@ -141,3 +105,24 @@ def test_tokens_of_every_provenance_class_show_up(dashboard: str, artifacts: Pat
         finally:
             browser.close()
         print(f"screenshots: {artifacts}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not is_pulled(REGISTRY["smollm2-135m"]), reason="run `draftwise pull smollm2-135m` first")
+def test_the_page_serves_a_real_model(tmp_path: Path, artifacts: Path) -> None:
+    # The model as a user runs it: the default backend (llama.cpp where it is installed).
+    args = ["dashboard", "--target", "smollm2-135m", "--threads", "2"]
+    with cli_server(args, "/_stcore/health", tmp_path / "dashboard.log", startup_s=STARTUP_S) as (url, _):
+        with playwright_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1500, "height": 1200})
+                page.goto(url)
+                page.get_by_role("button", name="Generate").wait_for(timeout=STARTUP_S * 1000)
+                assert page.get_by_text("serving smollm2-135m").is_visible()
+                _set_number(page, "Max tokens", 8)
+                page.get_by_role("button", name="Generate").click()
+                page.get_by_text(re.compile(r"drafter ngram: .*finish: (length|stop)")).wait_for(timeout=RUN_S * 1000)
+                page.screenshot(path=str(artifacts / "dashboard-smollm2.png"), full_page=True)
+            finally:
+                browser.close()

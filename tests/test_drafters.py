@@ -15,7 +15,6 @@ from draftwise import (
     SamplingConfig,
     SpeculativeEngine,
 )
-from draftwise.model import CausalLM
 from draftwise.target import LocalTarget
 from draftwise.drafters import Proposal, build_drafter
 from draftwise.verify import Verdict
@@ -132,7 +131,7 @@ def test_model_drafter_cache_stays_consistent(tiny_target, tiny_near_draft, samp
     # Drafting from the rolled-back cache gives what a fresh run gives.
     drafter.start(prompt, cfg.model_copy(update={"sampling": SamplingConfig()}), None)
     proposal = drafter.propose(context, 3)
-    assert proposal.tokens.tolist() == fresh_greedy(CausalLM(tiny_near_draft.model), context, 3)
+    assert proposal.tokens.tolist() == fresh_greedy(tiny_near_draft.fork(), context, 3)
 
 
 def test_model_drafter_greedy_proposal_matches_fresh_run_each_step(tiny_target, tiny_near_draft):
@@ -141,7 +140,7 @@ def test_model_drafter_greedy_proposal_matches_fresh_run_each_step(tiny_target, 
     cfg = GenerationConfig(draft=DraftConfig(confidence_threshold=0.0))
     drafter.start(prompt, cfg, None)
     context = list(prompt)
-    reference_lm = CausalLM(tiny_near_draft.model)  # same weights, its own cache
+    reference_lm = tiny_near_draft.fork()  # same weights, its own cache
     for step in range(4):
         proposal = drafter.propose(context, 3)
         assert proposal.tokens.tolist() == fresh_greedy(reference_lm, context, 3)

@@ -25,9 +25,10 @@ from draftwise import (
     autoregressive,
 )
 from draftwise.drafters import EMPTY_PROPOSAL
+from draftwise.lm import sync
 from draftwise.stopping import TextStream
 from draftwise.target import LocalTarget, Verification
-from draftwise.tiny import tiny_tokenizer
+from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.verify import verify_greedy
 
 PROMPT = "The cat sat on the mat. The cat sat on the"
@@ -428,13 +429,13 @@ def test_cache_rollback_bounds(tiny_target):
 def test_sync_feeds_only_what_is_missing(tiny_target):
     tiny_target.reset()
     tiny_target.forward([1, 2, 3, 4])
-    assert tiny_target.sync([1, 2, 3, 4, 5, 6]) == [5, 6]
+    assert sync(tiny_target, [1, 2, 3, 4, 5, 6]) == [5, 6]
     assert tiny_target.tokens == [1, 2, 3, 4]
     # Never an empty feed: the scores after the last token are what the caller wants.
-    assert tiny_target.sync([1, 2, 3, 4]) == [4]
+    assert sync(tiny_target, [1, 2, 3, 4]) == [4]
     assert tiny_target.tokens == [1, 2, 3] and tiny_target.cache.length == 3
     tiny_target.forward([4])
-    assert tiny_target.sync([1, 2, 9, 4, 5]) == [9, 4, 5]
+    assert sync(tiny_target, [1, 2, 9, 4, 5]) == [9, 4, 5]
     assert tiny_target.tokens == [1, 2] and tiny_target.cache.length == 2
 
 

@@ -9,10 +9,14 @@ import torch
 
 from draftwise.chat import ChatTemplateError, encode_prompt
 from draftwise.compat import IncompatibleModelsError, check_compatible
-from draftwise.loading import ModelLoadError, load_draft, load_lm, memory_bytes, pick_dtype, resolve
-from draftwise.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, PackedLinear, can_pack
+from draftwise.backends.hf_loading import memory_bytes, pick_dtype
+from draftwise.config import ModelOptions
+from draftwise.errors import ModelLoadError
+from draftwise.loading import load_lm, resolve
+from hf_support import load_hf_model
+from draftwise.backends.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, PackedLinear, can_pack
 from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, HOME_ENV, REGISTRY, lookup
-from draftwise.tiny import tiny_lm, tiny_tokenizer
+from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 
 
 @pytest.fixture
@@ -55,27 +59,29 @@ def test_non_gguf_file_is_rejected(home, tmp_path):
     path = tmp_path / "weights.bin"
     path.write_bytes(b"x")
     with pytest.raises(ModelLoadError, match="not a .gguf file"):
-        load_lm(str(path), dtype="float32")
+        load_lm(str(path), ModelOptions(dtype="float32"))
 
 
 def test_bad_dtype_and_threads(home):
-    with pytest.raises(ModelLoadError, match="dtype must be one of"):
-        load_lm("tiny:0", dtype="float16")
-    with pytest.raises(ModelLoadError, match="threads must be at least 1"):
-        load_lm("tiny:0", threads=0)
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="dtype"):
+        ModelOptions(dtype="float16")
+    with pytest.raises(ValidationError, match="threads"):
+        ModelOptions(threads=0)
 
 
 def test_local_folder_loads_the_same_model(home, tmp_path):
     lm = tiny_lm(3)
     lm.model.save_pretrained(tmp_path / "m")
-    lm.tokenizer.save_pretrained(tmp_path / "m")
-    loaded = load_lm(str(tmp_path / "m"), dtype="float32", pack=False)
+    lm.tokenizer.hf.save_pretrained(tmp_path / "m")
+    loaded = load_hf_model(str(tmp_path / "m"), pack=False)
     ids = [5, 6, 7, 8]
     expected = lm.forward(ids)
     assert torch.equal(expected, loaded.forward(ids))
     assert loaded.model.dtype == torch.float32
     # By default real models get their float32 layers packed: the same function, a faster layout.
-    packed = load_lm(str(tmp_path / "m"), dtype="float32")
+    packed = load_lm(str(tmp_path / "m"), ModelOptions(dtype="float32"))
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules()) == can_pack()
     torch.testing.assert_close(packed.forward(ids), expected, rtol=1e-4, atol=1e-4)
 
@@ -84,20 +90,20 @@ def test_local_folder_loads_the_same_model(home, tmp_path):
 def test_a_target_keeps_a_layout_per_row_count_unless_memory_is_short(home, tmp_path, monkeypatch):
     lm = tiny_lm(3)
     lm.model.save_pretrained(tmp_path / "m")
-    lm.tokenizer.save_pretrained(tmp_path / "m")
+    lm.tokenizer.hf.save_pretrained(tmp_path / "m")
 
     def layouts(model) -> set[tuple[int, ...]]:
         return {m.rows for m in model.modules() if isinstance(m, PackedLinear)}
 
-    assert layouts(load_lm(str(tmp_path / "m"), dtype="float32").model) == {TARGET_PACK_ROWS}
-    assert layouts(load_draft(str(tmp_path / "m"), dtype="float32", quantize="none").model) == {DRAFT_PACK_ROWS}
+    assert layouts(load_hf_model(str(tmp_path / "m")).model) == {TARGET_PACK_ROWS}
+    assert layouts(load_hf_model(str(tmp_path / "m"), draft=True).model) == {DRAFT_PACK_ROWS}
     # A container too small for two copies of the weights: one layout, for verification blocks, and a note.
     limit = tmp_path / "memory.max"
     limit.write_text("262144\n")  # 256 KiB
-    monkeypatch.setattr("draftwise.loading.CGROUP_LIMITS", (str(tmp_path / "absent"), str(limit)))
+    monkeypatch.setattr("draftwise.backends.hf_loading.CGROUP_LIMITS", (str(tmp_path / "absent"), str(limit)))
     assert memory_bytes() == 262144
     notes: list[str] = []
-    small = load_lm(str(tmp_path / "m"), dtype="float32", log=notes.append)
+    small = load_hf_model(str(tmp_path / "m"), log=notes.append)
     assert layouts(small.model) == {(max(TARGET_PACK_ROWS),)}
     assert any("blocks only" in note for note in notes)
     # No limit ("max"): the machine's memory counts.

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from draftwise import DraftConfig, GenerationConfig, SpeculativeEngine, autoregressive
-from draftwise.loading import load_lm
-from draftwise.quant import (
+from hf_support import load_hf_model
+from draftwise.backends.quant import (
     DENSE_ROWS,
     Int4Linear,
     Int8Linear,
@@ -18,7 +18,7 @@ from draftwise.quant import (
     pack_linears,
     quantize_int4,
 )
-from draftwise.tiny import tiny_lm
+from draftwise.backends.tiny import tiny_lm
 
 
 def test_int4_linear_matches_its_dequantized_weights_and_approximates_the_dense_layer():
@@ -92,7 +92,7 @@ def test_pack_linears_leaves_layers_that_are_not_float32():
 
 @needs_onednn
 def test_a_packed_target_keeps_its_logits_and_speculation_stays_exact():
-    dense, packed = load_lm("tiny:0"), load_lm("tiny:0", pack=True)
+    dense, packed = load_hf_model("tiny:0"), load_hf_model("tiny:0", pack=True)
     assert not any(isinstance(m, PackedLinear) for m in dense.model.modules())  # tiny models: off by default
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
     ids = list(range(5, 25))
@@ -103,7 +103,7 @@ def test_a_packed_target_keeps_its_logits_and_speculation_stays_exact():
         max_new_tokens=40, ignore_eos=True, draft=DraftConfig(k_policy="fixed", k=4, confidence_threshold=0)
     )
     plain = autoregressive(packed).generate("Hello world", config)
-    spec = SpeculativeEngine.from_models(packed, load_lm("tiny:0", pack=True)).generate("Hello world", config)
+    spec = SpeculativeEngine.from_models(packed, load_hf_model("tiny:0", pack=True)).generate("Hello world", config)
     assert spec.tokens == plain.tokens
     assert spec.metrics.mean_accepted_length == 5.0  # draft == target: every block accepted whole
 
@@ -122,3 +122,19 @@ def test_long_prefills_use_the_same_quantized_weights_as_the_kernel(make):
     torch.testing.assert_close(many, few, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(many, x @ layer.dense_weight().T + layer.bias.float(), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(layer.dense_weight(), dense.weight.detach())
+
+
+@pytest.mark.parametrize(("quantize", "pack_rows"), [("none", None), ("none", (1,)), ("none", (1, 8)),
+                                                     ("int8", (1,)), ("int4", (1,)), ("int8", None)])
+def test_every_model_property_reads_the_same_after_packing_and_quantization(quantize, pack_rows):
+    # Issue 13: servers read vocab_size from a packed output layer, which has no .weight.
+    dense = load_hf_model("tiny:0", pack=False)
+    lm = load_hf_model("tiny:0", quantize=quantize, pack=pack_rows is not None, pack_rows=pack_rows or (1,))
+    head = type(lm.model.get_output_embeddings()).__name__
+    if pack_rows is not None or quantize == "int8":
+        assert head != "Linear"  # the layout under test really replaced the output layer
+    assert lm.vocab_size == dense.vocab_size == 257
+    assert lm.forward([1, 2, 3]).shape == (3, lm.vocab_size)
+    assert lm.eos_token_ids == dense.eos_token_ids == (256,)
+    assert lm.max_context == dense.max_context == 4096
+    assert lm.dtype == dense.dtype == "float32"

@@ -14,8 +14,8 @@ import torch
 from draftwise.config import DraftConfig, GenerationConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine, autoregressive
-from draftwise.loading import load_lm
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel
+from hf_support import load_hf_model
 from draftwise.registry import REGISTRY, is_pulled, model_path
 
 pytestmark = pytest.mark.slow
@@ -24,10 +24,10 @@ PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
 
 @pytest.fixture(scope="module")
-def smol() -> CausalLM:
+def smol() -> LanguageModel:
     if not is_pulled(SMOL):
         pytest.skip("run `draftwise pull smollm2-135m` first (CI does)")
-    return load_lm(SMOL.name, dtype="float32")
+    return load_hf_model(SMOL.name)
 
 
 def test_pulled_file_matches_the_registry_checksum():
@@ -42,7 +42,7 @@ def test_pulled_file_matches_the_registry_checksum():
 
 def test_gguf_conversion_cache_reloads_identical_weights(smol):
     # The fixture's load wrote (or read) the converted folder; a second load reads it.
-    again = load_lm(SMOL.name, dtype="float32")
+    again = load_hf_model(SMOL.name)
     ids = smol.tokenizer.encode(PROMPT)
     smol.reset()
     assert torch.equal(smol.forward(ids), again.forward(ids))
@@ -63,7 +63,7 @@ def test_ngram_speculation_equals_plain_greedy(smol):
 
 
 def test_self_draft_accepts_everything_and_equals_plain_greedy(smol):
-    draft = CausalLM(smol.model, smol.tokenizer)  # same weights, its own cache
+    draft = smol.fork()  # same weights, its own cache
     config = _config(k_policy="fixed", k=4, confidence_threshold=0.0)
     plain = autoregressive(smol).generate(PROMPT, config)
     spec = SpeculativeEngine.from_models(smol, draft).generate(PROMPT, config)

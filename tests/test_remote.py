@@ -23,7 +23,7 @@ from draftwise.remote.protocol import decode_verify_response, encode_verify_requ
 from draftwise.remote.server import create_app, serve_in_background
 from draftwise.remote.settings import VerifierSettings
 from draftwise.target import LocalTarget
-from draftwise.tiny import tiny_lm, tiny_tokenizer
+from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
 DRAFTWISE = [sys.executable, "-c", "from draftwise.cli import main; main()"]  # the real entry point

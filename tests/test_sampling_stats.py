@@ -22,7 +22,7 @@ from draftwise import (
     SpeculativeEngine,
     autoregressive,
 )
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel
 from draftwise.verify import logits_to_probs, sample, verify_sampling
 
 ALPHA = 1e-3
@@ -140,12 +140,12 @@ N_E2E = 600
 SAMPLING = {"temperature": 1.0, "top_k": 3}
 
 
-def next_probs(lm: CausalLM, ids: Sequence[int]) -> torch.Tensor:  # [V]
+def next_probs(lm: LanguageModel, ids: Sequence[int]) -> torch.Tensor:  # [V]
     lm.reset()
     return logits_to_probs(lm.forward(ids, last=1), SAMPLING["temperature"], SAMPLING["top_k"])[0]
 
 
-def exact_pairs(lm: CausalLM, prompt: list[int]) -> dict[tuple[int, int], float]:
+def exact_pairs(lm: LanguageModel, prompt: list[int]) -> dict[tuple[int, int], float]:
     """The exact distribution of the first two generated tokens (few pairs thanks to top_k)."""
     first = next_probs(lm, prompt)
     return {

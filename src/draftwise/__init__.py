@@ -1,7 +1,7 @@
 """draftwise: lossless speculative decoding.
 
     >>> from draftwise import SpeculativeEngine, GenerationConfig
-    >>> from draftwise.tiny import tiny_lm
+    >>> from draftwise.backends.tiny import tiny_lm
     >>> engine = SpeculativeEngine.from_models(tiny_lm(0), tiny_lm(0))
     >>> result = engine.generate("Hello", GenerationConfig(max_new_tokens=8))
     >>> len(result.tokens) <= 8
@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "CausalLM": "draftwise.model",
+    "LanguageModel": "draftwise.lm",
+    "ModelOptions": "draftwise.config",
     "DraftConfig": "draftwise.config",
     "Drafter": "draftwise.drafters",
     "GenerationConfig": "draftwise.config",
@@ -37,17 +38,20 @@ _EXPORTS = {
     "TokenSource": "draftwise.verify",
     "Verdict": "draftwise.verify",
     "autoregressive": "draftwise.engine",
+    "load_lm": "draftwise.loading",
+    "load_pair": "draftwise.loading",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+    from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
     from draftwise.drafters import Drafter, HybridDrafter, ModelDrafter, NGramDrafter, Proposal
     from draftwise.engine import GenerationResult, SpeculativeEngine, autoregressive
     from draftwise.events import StepEvent
     from draftwise.metrics import GenerationMetrics
-    from draftwise.model import CausalLM
+    from draftwise.lm import LanguageModel
+    from draftwise.loading import load_lm, load_pair
     from draftwise.target import LocalTarget, Target
     from draftwise.verify import TokenSource, Verdict
 

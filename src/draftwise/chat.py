@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftwise.errors import DraftwiseError
 
-class ChatTemplateError(ValueError):
+
+class PromptError(DraftwiseError, ValueError):
+    """A prompt that cannot be turned into token ids (empty, no chat template...)."""
+
+
+class ChatTemplateError(PromptError):
     """The tokenizer has no chat template to apply."""
 
 
@@ -13,7 +19,7 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
     """Token ids of ``text``; with ``chat``, as a single user turn followed by the assistant's
     turn opening, so the model answers rather than continues the user's text."""
     if not text.strip():
-        raise ValueError("the prompt is empty")
+        raise PromptError("the prompt is empty")
     if not chat:
         return list(tokenizer.encode(text))
     if not getattr(tokenizer, "chat_template", None):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftwise.errors import IncompatibleModelsError
 
-class IncompatibleModelsError(ValueError):
-    """The draft's tokenizer differs from the target's; the message names the difference."""
+__all__ = ["IncompatibleModelsError", "check_compatible"]
 
 
 def _vocab(tokenizer: Any) -> dict[str, int]:

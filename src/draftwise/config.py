@@ -18,17 +18,44 @@ KPolicyName = Literal["fixed", "heuristic", "cost"]
 DrafterKind = Literal["model", "ngram", "hybrid"]
 NEEDS_DRAFT_MODEL: frozenset[str] = frozenset({"model", "hybrid"})
 
-# Weight-only quantization of a draft model (see draftwise.quant). The draft's precision cannot
-# change the output, only its speed; int4 is the default because it drafts fastest on CPU
-# (Qwen2.5-Coder-0.5B per token here: 189 ms float32, 98 ms int8, 59 ms int4).
+# Weight-only quantization of an hf draft model (see draftwise.backends.quant). The draft's
+# precision cannot change the output, only its speed; int4 drafts fastest on CPU.
 DraftQuant = Literal["none", "int8", "int4"]
 DEFAULT_DRAFT_QUANT: DraftQuant = "int4"
-DRAFT_QUANT_HELP = ("weight-only quantization of the draft model: none, int8 or int4; the draft's precision "
-                    "cannot change the output (the target checks every token), only its speed")
+
+# Where a model runs: llama.cpp's kernels over the GGUF file itself, or transformers in PyTorch.
+Backend = Literal["auto", "llamacpp", "hf"]
+Dtype = Literal["auto", "float32", "bfloat16"]
+Device = Literal["auto", "cpu", "cuda"]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelOptions(_Strict):
+    """How models are loaded and run. The one place these settings live: ``generate``,
+    ``serve``, ``serve-verifier``, ``dashboard`` and ``bench`` derive their flags from it."""
+
+    backend: Backend = Field(
+        "auto",
+        description="llamacpp runs .gguf files (and packaged models) on llama.cpp's kernels; hf runs them "
+        "dequantized in PyTorch, and runs model folders and Hugging Face ids; auto = llamacpp for GGUF when "
+        "llama-cpp-python is installed, else hf",
+    )
+    threads: int | None = Field(None, ge=1, le=1024, description="CPU threads; None = one per core")
+    context: int | None = Field(
+        None, ge=16, le=1_048_576,
+        description="llamacpp: positions one sequence may hold (prompt + generated; sizes the KV cache); "
+        "None = the model's training context, at most 8192",
+    )
+    dtype: Dtype = Field("auto", description="hf: weights dtype; auto = whichever this CPU runs faster")
+    draft_quant: DraftQuant = Field(
+        DEFAULT_DRAFT_QUANT,
+        description="hf: weight-only quantization of the draft model (none, int8, int4); the draft's precision "
+        "cannot change the output (the target checks every token), only its speed",
+    )
+    device: Device = Field("auto", description="hf: cpu or cuda; auto = cuda when a CUDA device is present")
 
 
 class SamplingConfig(_Strict):

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from draftwise.config import DrafterKind, GenerationConfig
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel, prefill, sync
 from draftwise.verify import Verdict, logits_to_probs, sample
 
 
@@ -63,7 +63,7 @@ class ModelDrafter:
     target checks it for free within the same pass) but no further token is drafted.
     """
 
-    def __init__(self, lm: CausalLM) -> None:
+    def __init__(self, lm: LanguageModel) -> None:
         self.lm = lm
         self._config = GenerationConfig()
         self._generator: torch.Generator | None = None
@@ -71,7 +71,7 @@ class ModelDrafter:
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         self._config = config
         self._generator = generator
-        self.lm.prefill(prompt)
+        prefill(self.lm, prompt)
 
     def propose(self, context: Sequence[int], k: int) -> Proposal:
         if k <= 0:
@@ -83,7 +83,7 @@ class ModelDrafter:
         top_k, top_n = sampling.top_k, self._config.draft.proposal_top
         if top_n and not sampling.greedy:
             top_k = min(top_k or top_n, top_n)
-        feed = self.lm.sync(context)
+        feed = sync(self.lm, context)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for _ in range(k):
@@ -102,7 +102,7 @@ class ModelDrafter:
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         # Drop rejected draft tokens now so the cache never holds more than it must.
-        self.lm.sync(context)
+        sync(self.lm, context)
 
 
 class NGramDrafter:
@@ -164,7 +164,7 @@ class HybridDrafter:
     turn reusing the first), it is usually right for many tokens. With no match, or one that
     would propose fewer than two tokens, the draft model proposes. Both observe every
     verdict; the draft model's cache catches up with tokens it did not draft when it is next
-    asked (``CausalLM.sync``).
+    asked (``draftwise.lm.sync``).
 
     Example: context ``[5 8 2 9 4 1 ... 5 8 2]`` with ``k = 3``: the suffix ``5 8 2`` occurred
     before, so ``[9 4 1]`` comes from the context for free; had only ``8 2`` repeated, the
@@ -190,7 +190,7 @@ class HybridDrafter:
         self.ngram.observe(context, verdict)
 
 
-def build_drafter(kind: DrafterKind, draft: CausalLM | None) -> Drafter:
+def build_drafter(kind: DrafterKind, draft: LanguageModel | None) -> Drafter:
     """The drafter called ``kind``, drafting with ``draft`` where it needs a model."""
     if kind == "ngram":
         return NGramDrafter()

@@ -18,7 +18,7 @@ from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, ModelDrafter, Proposal
 from draftwise.events import StepEvent
 from draftwise.metrics import GenerationMetrics
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel
 from draftwise.policies import DraftLengthPolicy, FixedK, make_policy
 from draftwise.stopping import TextStream, first_eos
 from draftwise.target import LocalTarget, Target, Verification
@@ -32,6 +32,17 @@ class GenerationResult:
     text: str
     metrics: GenerationMetrics
     events: list[StepEvent] = field(default_factory=list)
+
+    @classmethod
+    def from_events(cls, prompt_ids: list[int], events: list[StepEvent]) -> GenerationResult:
+        """Everything a finished stream of events says: tokens, text and metrics."""
+        return cls(
+            prompt_ids=prompt_ids,
+            tokens=[t for e in events for t in e.tokens],
+            text="".join(e.text for e in events),
+            metrics=GenerationMetrics.from_events(events),
+            events=events,
+        )
 
 
 class _Run:
@@ -126,8 +137,8 @@ class SpeculativeEngine:
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_models(cls, target: CausalLM, draft: CausalLM | Drafter | None = None) -> SpeculativeEngine:
-        drafter = ModelDrafter(draft) if isinstance(draft, CausalLM) else draft
+    def from_models(cls, target: LanguageModel, draft: LanguageModel | Drafter | None = None) -> SpeculativeEngine:
+        drafter = ModelDrafter(draft) if isinstance(draft, LanguageModel) else draft
         return cls(LocalTarget(target), drafter, tokenizer=target.tokenizer)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -174,17 +185,9 @@ class SpeculativeEngine:
     def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate to the end and return tokens, text and metrics."""
         prompt_ids = self.encode(prompt)
-        events = list(self.stream(prompt_ids, config))
-        tokens = [t for e in events for t in e.tokens]
-        return GenerationResult(
-            prompt_ids=prompt_ids,
-            tokens=tokens,
-            text="".join(e.text for e in events),
-            metrics=GenerationMetrics.from_events(events),
-            events=events,
-        )
+        return GenerationResult.from_events(prompt_ids, list(self.stream(prompt_ids, config)))
 
 
-def autoregressive(target: CausalLM) -> SpeculativeEngine:
+def autoregressive(target: LanguageModel) -> SpeculativeEngine:
     """The plain-decoding baseline: the same loop and model wrapper, with no drafter."""
     return SpeculativeEngine.from_models(target, None)

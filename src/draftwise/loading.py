@@ -1,188 +1,33 @@
-"""Load a model from a source string.
+"""Load a model, or a target and draft pair, from source strings on the right backend.
 
 A source is one of:
 
-* ``tiny:SEED``: a tiny random model built in-process (tests, demos);
 * a packaged model's short name (``smollm2-135m``, see ``draftwise.registry``), once pulled;
 * a path to a ``.gguf`` file;
-* a local folder or a Hugging Face id (``from_pretrained``).
+* a local folder or a Hugging Face id (``from_pretrained``; the ``hf`` backend);
+* ``tiny:SEED``: a tiny random model built in-process (tests, demos; the ``hf`` backend).
 
-GGUF files are dequantized by transformers on load, which for a 1.5B model takes minutes on
-a small CPU. The first load therefore also writes the dequantized weights as safetensors
-under ``$DRAFTWISE_HOME/converted/``; later loads read those in seconds (measured on the
-Qwen2.5-Coder-1.5B file: 3.5 min from GGUF, 3 s from the converted folder).
+``--backend auto`` runs GGUF files (packaged models are GGUF files) on llama.cpp when
+llama-cpp-python is installed, and everything else, or GGUF without llama-cpp-python, on
+transformers. Every entry point loads through ``load_pair``, which also checks that a draft
+speaks the target's tokenizer.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import time
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, get_args
 
-from draftwise.config import DraftQuant
-from draftwise.model import CausalLM
-from draftwise.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, pack_linears, quantize_weights
-from draftwise.registry import REGISTRY, home, is_pulled, model_path
+from draftwise.compat import check_compatible
+from draftwise.config import ModelOptions
+from draftwise.errors import ModelLoadError
+from draftwise.lm import LanguageModel
+from draftwise.registry import REGISTRY, is_pulled, model_path
 
-DTYPES = ("auto", "float32", "bfloat16")
-QUANTIZE = get_args(DraftQuant)
-
-
-class ModelLoadError(ValueError):
-    """A model source could not be loaded; the message says why, for the user."""
-
-
-def _quiet_transformers() -> None:
-    """transformers' own progress bars and advice would drown the CLI's output."""
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-
-
-def _bench_linear(torch_dtype, reps: int = 5) -> float:
-    """Best-of-``reps`` seconds of a decoder-sized matrix product in ``torch_dtype``, for one
-    row (a decoding step) plus eight rows (a verification block); float32 is timed packed,
-    as ``load_lm`` runs it."""
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    layer = torch.nn.Sequential(torch.nn.Linear(1536, 4096, bias=False))
-    layer[0].weight.data = torch.randn(4096, 1536, generator=generator)
-    if torch_dtype == torch.float32:
-        pack_linears(layer, TARGET_PACK_ROWS)
-    else:
-        layer.to(torch_dtype)
-    total = 0.0
-    with torch.inference_mode():
-        for rows in (1, 8):
-            x = torch.randn(rows, 1536, generator=generator).to(torch_dtype)
-            layer(x)  # warm-up: first calls pick kernels
-            best = float("inf")
-            for _ in range(reps):
-                started = time.perf_counter()
-                layer(x)
-                best = min(best, time.perf_counter() - started)
-            total += best
-    return total
-
-
-def pick_dtype(root: Path | None = None) -> tuple[str, str]:
-    """Choose float32 or bfloat16 for this CPU by measuring both; return (dtype, why).
-
-    bfloat16 halves the bytes read per token (decoding on CPU is memory-bound) but CPUs
-    without native bf16 instructions convert on the fly, which can cost more than it saves:
-    only a measurement tells. The decision is cached per CPU, torch version and thread count.
-    """
-    import platform
-
-    import torch
-
-    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
-               platform.processor())
-    key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|float32 packed for 1+8 rows"
-    cache = (root or home()) / "dtype.json"
-    try:
-        decisions = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        decisions = {}
-    if key in decisions:
-        choice = decisions[key]
-        return choice["dtype"], f"{choice['why']} (cached in {cache})"
-
-    # Correct first: bf16 results must agree with fp32 to bf16 precision.
-    generator = torch.Generator().manual_seed(1)
-    a, b = torch.randn(8, 256, generator=generator), torch.randn(256, 8, generator=generator)
-    exact = a @ b
-    close = torch.allclose((a.bfloat16() @ b.bfloat16()).float(), exact, rtol=5e-2, atol=0.5)
-    fp32 = min(_bench_linear(torch.float32), _bench_linear(torch.float32))
-    bf16 = min(_bench_linear(torch.bfloat16), _bench_linear(torch.bfloat16)) if close else float("inf")
-    dtype = "bfloat16" if bf16 < fp32 else "float32"
-    why = (f"auto dtype: {dtype} (decoder matmuls, 1 + 8 rows: float32 {fp32 * 1e3:.2f} ms, "
-           f"bfloat16 {'inaccurate' if not close else f'{bf16 * 1e3:.2f} ms'})")
-    decisions[key] = {"dtype": dtype, "why": why}
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(decisions, indent=1))
-    except OSError:
-        pass  # a read-only cache only costs re-measuring next time
-    return dtype, why
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
-
-
-def _converted_folder(gguf: Path, dtype: str) -> Path:
-    """Cache folder for ``gguf`` dequantized to ``dtype``; keyed on name, size and mtime so a
-    replaced file is converted again."""
-    stat = gguf.stat()
-    tag = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
-    return home() / "converted" / f"{gguf.stem}-{dtype}-{tag}"
-
-
-def _save_converted(model, tokenizer, folder: Path) -> None:
-    """Write a dequantized GGUF model as a plain safetensors folder, atomically.
-
-    ``save_pretrained`` refuses models loaded through the GGUF quantizer even once they are
-    fully dequantized, so the weights are written with safetensors directly.
-    """
-    from safetensors.torch import save_model
-
-    scratch = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    try:
-        scratch.mkdir(parents=True)
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        (scratch / "config.json").write_text(json.dumps(config, indent=1))
-        model.generation_config.save_pretrained(scratch)
-        tokenizer.save_pretrained(scratch)
-        save_model(model, str(scratch / "model.safetensors"))
-        os.replace(scratch, folder)
-    except OSError:
-        # Out of disk or a read-only cache: this load still works, the next one converts again.
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _load_gguf(path: Path, torch_dtype, dtype: str, log: Callable[[str], None]):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = _converted_folder(path, dtype)
-    if folder.is_dir():
-        return _load_pretrained(str(folder), torch_dtype)
-    log(f"dequantizing {path.name} to {dtype} (once: the result is cached in {folder.parent})")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"cannot load GGUF file {path}: {_first_line(exc)}") from exc
-    _save_converted(model, tokenizer, folder)
-    return model, tokenizer
-
-
-def _load_pretrained(source: str, torch_dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot load model {source!r}: {_first_line(exc)}") from exc
-    return model, tokenizer
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+Log = Callable[[str], None]
+LLAMA_CPP_INSTALL = ("pip install llama-cpp-python==0.3.36 (it builds llama.cpp from source: 10-20 minutes on "
+                     "2 cores), or run `make setup`")
 
 
 def resolve(source: str) -> Path | str:
@@ -193,6 +38,8 @@ def resolve(source: str) -> Path | str:
             raise ModelLoadError(f"model {source!r} is not pulled yet: run `draftwise pull {source}` "
                                  f"({entry.size / 1e6:.0f} MB from PyPI)")
         return model_path(entry)
+    if source.startswith("tiny:"):
+        return source
     path = Path(source).expanduser()
     if path.exists():
         return path
@@ -206,116 +53,58 @@ def resolve(source: str) -> Path | str:
     return source
 
 
-def load_lm(
-    source: str,
-    *,
-    dtype: str = "auto",
-    threads: int | None = None,
-    log: Callable[[str], None] | None = None,
-    quantize: str = "none",
-    pack: bool | None = None,
-    pack_rows: tuple[int, ...] = TARGET_PACK_ROWS,
-) -> CausalLM:
-    """Load ``source`` as a ``CausalLM`` with its tokenizer.
+def llama_cpp_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
 
-    ``log`` receives one-line notes meant for the user (the dtype decision, a first-time GGUF
-    conversion). ``quantize`` (``none``, ``int8``, ``int4``) turns the linear layers into
-    weight-only quantized ones after loading: meant for draft models, whose precision cannot
-    change speculative output (see ``draftwise.quant``). ``pack`` stores the remaining
-    float32 linear layers in oneDNN's layout (same values; a block of new tokens then costs
-    far less than unpacked); None packs real models and leaves ``tiny:`` ones as they are.
-    ``pack_rows`` names the row counts to keep a layout for: a target's default keeps one for
-    one-token steps and one for verification blocks; a draft model needs only
-    ``DRAFT_PACK_ROWS`` (see ``draftwise.quant``).
-    """
-    import torch
 
+def choose_backend(location: Path | str, backend: str, log: Log) -> str:
+    """The backend that runs ``location``: the one asked for, or for ``auto`` llama.cpp for a
+    GGUF file when it is installed (saying so once when it is not)."""
+    is_gguf = isinstance(location, Path) and location.suffix == ".gguf"
+    if backend == "llamacpp":
+        if not is_gguf:
+            raise ModelLoadError(f"the llamacpp backend runs .gguf files; {location} is not one (use --backend hf)")
+        if not llama_cpp_available():
+            raise ModelLoadError(f"--backend llamacpp needs llama-cpp-python: {LLAMA_CPP_INSTALL}")
+        return "llamacpp"
+    if backend == "hf" or not is_gguf:
+        return "hf"
+    if llama_cpp_available():
+        return "llamacpp"
+    log(f"llama-cpp-python is not installed, so {location.name} runs on the slower hf backend "
+        f"(dequantized in PyTorch); for llama.cpp's kernels: {LLAMA_CPP_INSTALL}")
+    return "hf"
+
+
+def load_lm(source: str, options: ModelOptions | None = None, *, draft: bool = False,
+            log: Log | None = None) -> LanguageModel:
+    """Load ``source`` as a ``LanguageModel`` with its tokenizer (``draft`` applies the
+    options meant for a draft model)."""
+    options = options or ModelOptions()
     log = log or (lambda message: None)
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if quantize not in QUANTIZE:
-        raise ModelLoadError(f"quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
-    if threads is not None:
-        if threads < 1:
-            raise ModelLoadError(f"threads must be at least 1, got {threads}")
-        torch.set_num_threads(threads)
-    if source.startswith("tiny:"):
-        from draftwise.tiny import tiny_lm
-
-        try:
-            seed = int(source.split(":", 1)[1])
-        except ValueError as exc:
-            raise ModelLoadError(f"tiny model source must be 'tiny:SEED', got {source!r}") from exc
-        return _converted(tiny_lm(seed), quantize, bool(pack), pack_rows, log)
-
     location = resolve(source)
-    if dtype == "auto":
-        dtype, why = pick_dtype()
-        log(why)
-    torch_dtype = getattr(torch, dtype)
-    _quiet_transformers()
-    if isinstance(location, Path) and location.is_file():
-        if location.suffix != ".gguf":
-            raise ModelLoadError(f"{location} is a file but not a .gguf file; give a .gguf file or a model folder")
-        model, tokenizer = _load_gguf(location, torch_dtype, dtype, log)
-    else:
-        model, tokenizer = _load_pretrained(str(location), torch_dtype)
-    return _converted(CausalLM(model, tokenizer, name=source), quantize, pack is not False, pack_rows, log)
+    if choose_backend(location, options.backend, log) == "llamacpp":
+        from draftwise.backends.llamacpp import load_llamacpp
+
+        return load_llamacpp(source, Path(location), options, log=log)
+    from draftwise.backends.hf_loading import load_hf
+
+    return load_hf(source, location, options, draft=draft, log=log)
 
 
-def load_draft(source: str, *, quantize: str, **options: Any) -> CausalLM:
-    """Load a draft model: ``load_lm`` with weight-only ``quantize`` and one packed layout for
-    whatever stays float32 (a draft scores one new row per step; its prefill is one long block)."""
-    return load_lm(source, quantize=quantize, pack_rows=DRAFT_PACK_ROWS, **options)
+def load_pair(target: str, draft: str | None, options: ModelOptions | None = None, *,
+              log: Log | None = None) -> tuple[LanguageModel, LanguageModel | None]:
+    """Load the target and (unless ``draft`` is None) the draft model, and check that the
+    draft speaks the target's tokenizer.
 
-
-def _converted(lm: CausalLM, quantize: str, pack: bool, pack_rows: tuple[int, ...], log: Callable[[str], None]
-               ) -> CausalLM:
-    """Apply the weight formats of ``draftwise.quant``: quantization first, then packing of
-    whatever float32 layers are left."""
-    if quantize != "none":
-        quantize_weights(lm.model, bits=int(quantize.removeprefix("int")))
-    if pack:
-        pack_linears(lm.model, _affordable(pack_rows, lm.model, log))
-    return lm
-
-
-# Where a container's memory limit is kept (cgroup v2, then v1); "max" or a huge number = none.
-CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-
-
-def memory_bytes() -> int | None:
-    """The memory this process may use: the machine's, or its container's limit if lower;
-    None where neither can be read."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        memory = None
-    for path in CGROUP_LIMITS:
-        try:
-            limit = int(Path(path).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        memory = limit if memory is None else min(memory, limit)
-        break
-    return memory
-
-
-def _affordable(pack_rows: tuple[int, ...], model: Any, log: Callable[[str], None]) -> tuple[int, ...]:
-    """``pack_rows``, or only its largest count where one layout per count would take more
-    than half of the memory this process may use (each layout is a full copy of the float32
-    weights)."""
-    import torch
-
-    if len(pack_rows) < 2:
-        return pack_rows
-    weight_bytes = sum(m.weight.numel() * 4 for m in model.modules()
-                       if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32)
-    memory = memory_bytes()
-    if memory is None:
-        return (max(pack_rows),)
-    if weight_bytes * len(pack_rows) <= memory // 2:
-        return pack_rows
-    log(f"packing weights for {max(pack_rows)}-row blocks only: {len(pack_rows)} layouts would take "
-        f"{weight_bytes * len(pack_rows) / 2**30:.1f} GiB of {memory / 2**30:.1f} GiB")
-    return (max(pack_rows),)
+    A draft named like the target is a fork of it: the same weights with a cache of its own,
+    a draft that is always right (a check of the loop, and a way to measure its overhead).
+    """
+    options = options or ModelOptions()
+    target_lm = load_lm(target, options, log=log)
+    if draft is None:
+        return target_lm, None
+    draft_lm = target_lm.fork() if draft == target else load_lm(draft, options, draft=True, log=log)
+    if target_lm.tokenizer is not None and draft_lm.tokenizer is not None:
+        check_compatible(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
+    return target_lm, draft_lm

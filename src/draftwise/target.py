@@ -15,7 +15,7 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.drafters import Proposal
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel, prefill, sync
 from draftwise.verify import Verdict, verify
 
 
@@ -39,7 +39,7 @@ class Target(Protocol):
 class LocalTarget:
     """The target model in this process."""
 
-    def __init__(self, lm: CausalLM) -> None:
+    def __init__(self, lm: LanguageModel) -> None:
         self.lm = lm
         self.eos_token_ids = lm.eos_token_ids
         self._config = GenerationConfig()
@@ -48,12 +48,12 @@ class LocalTarget:
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         self._config = config
         self._generator = generator
-        self.lm.prefill(prompt)
+        prefill(self.lm, prompt)
 
     def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
         # The newest committed token is never in the cache yet: it is fed together with the
         # block, and row i of the scores judges proposal token i (row k gives the bonus).
-        feed = self.lm.sync(context) + proposal.tokens.tolist()
+        feed = sync(self.lm, context) + proposal.tokens.tolist()
         k = len(proposal)
         logits = self.lm.forward(feed, last=k + 1)  # [k + 1, V]
         s = self._config.sampling

@@ -28,7 +28,7 @@ from draftwise.api.settings import ServerSettings
 from draftwise.api.translate import Plan, encode_chat, encode_completion, plan
 from draftwise.events import StepEvent
 from draftwise.metrics import GenerationMetrics
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel
 from draftwise.verify import TokenSource
 from draftwise.web import BodyLimit, bearer_guard
 
@@ -214,12 +214,12 @@ class _CountRequests:
 class _Service:
     """The request-handling logic behind the routes."""
 
-    def __init__(self, settings: ServerSettings, target: CausalLM, has_draft: bool, pool: WorkerPool,
+    def __init__(self, settings: ServerSettings, target: LanguageModel, has_draft: bool, pool: WorkerPool,
                  metrics: ServerMetrics) -> None:
         self.settings = settings
         self.tokenizer = target.tokenizer
         self.vocab_size = target.vocab_size
-        self.context_limit = settings.max_context or getattr(target.config, "max_position_embeddings", None)
+        self.context_limit = settings.max_context or target.max_context
         self.has_draft = has_draft
         self.pool = pool
         self.metrics = metrics
@@ -288,19 +288,16 @@ class _Service:
         yield "data: [DONE]\n\n"
 
 
-def create_app(settings: ServerSettings, *, target: CausalLM | None = None, draft: CausalLM | None = None,
-               log: Callable[[str], None] | None = None) -> FastAPI:
+def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
+               draft: LanguageModel | None = None, log: Callable[[str], None] | None = None) -> FastAPI:
     """Build the server. Models are loaded from ``settings`` unless given; given models are
-    only read (each worker wraps their weights with KV caches of its own). ``log`` receives
-    the loader's one-line notes (dtype choice, first-time GGUF conversion)."""
+    only read (each worker forks them: shared weights, KV caches of its own). ``log``
+    receives the loader's one-line notes (backend and dtype choice, first-time conversions)."""
     from draftwise import __version__
-    from draftwise.loading import load_draft, load_lm
+    from draftwise.loading import load_pair
 
     if target is None:
-        target = load_lm(settings.target, dtype=settings.dtype, threads=settings.threads, log=log)
-    if draft is None and settings.draft is not None:
-        draft = load_draft(settings.draft, dtype=settings.dtype, threads=settings.threads, log=log,
-                           quantize=settings.draft_quant)
+        target, draft = load_pair(settings.target, settings.draft, settings.models, log=log)
     if target.tokenizer is None:
         raise ValueError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
 

@@ -1,8 +1,8 @@
 """Workers that run generations off the event loop, with admission control.
 
-A ``CausalLM`` holds one KV cache, so it serves one generation at a time. Each worker
-therefore wraps the *same* model objects in wrappers of its own (weights shared, caches
-separate) and runs ``SpeculativeEngine.stream`` in a thread. Requests beyond the workers
+A ``LanguageModel`` holds one KV cache, so it serves one generation at a time. Each worker
+therefore gets forks of the loaded models (weights shared, caches separate) and runs
+``SpeculativeEngine.stream`` in a thread. Requests beyond the workers
 wait in a bounded queue; beyond that ``admit`` refuses them (the server answers 429).
 
 A job's generation checks its cancel flag after every step, so a client that goes away or
@@ -12,7 +12,6 @@ a request that runs out of time stops the work within one block.
 from __future__ import annotations
 
 import asyncio
-import copy
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -26,7 +25,7 @@ from draftwise.config import NEEDS_DRAFT_MODEL, GenerationConfig
 from draftwise.drafters import Drafter, build_drafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.events import StepEvent
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel
 from draftwise.target import LocalTarget
 
 
@@ -38,7 +37,7 @@ class GenerationTimeout(Exception):
     """The request ran past its deadline (queueing included)."""
 
 
-def make_drafter(name: DrafterName, draft: CausalLM | None) -> Drafter | None:
+def make_drafter(name: DrafterName, draft: LanguageModel | None) -> Drafter | None:
     """The drafter a request asked for; ``None`` is plain decoding."""
     if name == "off":
         return None
@@ -49,23 +48,17 @@ def make_drafter(name: DrafterName, draft: CausalLM | None) -> Drafter | None:
 
 @dataclass
 class Worker:
-    target: CausalLM
-    draft: CausalLM | None
+    target: LanguageModel
+    draft: LanguageModel | None
 
     def engine(self, drafter: DrafterName) -> SpeculativeEngine:
         return SpeculativeEngine(LocalTarget(self.target), make_drafter(drafter, self.draft), self.target.tokenizer)
 
 
-def _rewrap(lm: CausalLM) -> CausalLM:
-    # A fast tokenizer must not be used by two threads at once ("Already borrowed"), so
-    # each worker decodes with a copy of its own; the weights are shared.
-    return CausalLM(lm.model, copy.deepcopy(lm.tokenizer), name=lm.name)
-
-
-def build_workers(target: CausalLM, draft: CausalLM | None, count: int) -> list[Worker]:
-    """``count`` workers over the weights of ``target`` and ``draft``; the given wrappers
-    themselves are never used by a worker, so their caches stay the caller's."""
-    return [Worker(_rewrap(target), _rewrap(draft) if draft is not None else None) for _ in range(count)]
+def build_workers(target: LanguageModel, draft: LanguageModel | None, count: int) -> list[Worker]:
+    """``count`` workers over the weights of ``target`` and ``draft``: forks, so the given
+    models' own caches stay the caller's."""
+    return [Worker(target.fork(), draft.fork() if draft is not None else None) for _ in range(count)]
 
 
 class Job:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, NEEDS_DRAFT_MODEL, DraftQuant, GenerationConfig
+from draftwise.config import NEEDS_DRAFT_MODEL, GenerationConfig, ModelOptions
 
 DrafterName = Literal["model", "ngram", "hybrid", "off"]
 API_KEY_ENV = "DRAFTWISE_API_KEY"  # read by `draftwise serve`
@@ -25,11 +25,7 @@ class ServerSettings(BaseModel):
         None, description="default drafter of requests: model, ngram, hybrid or off; None = model if a draft is loaded, else ngram"
     )
     model_name: str | None = Field(None, description="model id shown in /v1/models and expected in requests; None = target")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="weights dtype; auto = what this CPU runs fastest"
-    )
-    draft_quant: DraftQuant = Field(DEFAULT_DRAFT_QUANT, description=DRAFT_QUANT_HELP)
-    threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch's default")
+    models: ModelOptions = Field(ModelOptions(), description="how the models are loaded and run")
     host: str = Field("127.0.0.1", description="address to bind; loopback unless told otherwise")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
     workers: int = Field(
@@ -44,7 +40,7 @@ class ServerSettings(BaseModel):
     request_timeout: float = Field(300.0, gt=0, description="seconds a request may take, queueing included")
     retry_after: int = Field(1, ge=0, description="seconds suggested to rejected clients in Retry-After")
     max_context: int | None = Field(
-        None, ge=2, description="prompt + completion tokens allowed; None = the target's max_position_embeddings"
+        None, ge=2, description="prompt + completion tokens allowed; None = the target's own limit"
     )
     generation: GenerationConfig = Field(
         GenerationConfig(), description="request defaults: max_new_tokens is the default max_tokens, draft the default speculation"

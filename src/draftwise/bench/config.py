@@ -9,18 +9,31 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, DraftQuant, GenerationConfig
+from draftwise.config import NEEDS_DRAFT_MODEL as DRAFTERS_WITH_MODEL
+from draftwise.config import GenerationConfig, ModelOptions
+from draftwise.errors import DraftwiseError
 
-MethodName = Literal["baseline", "draft", "ngram", "hybrid", "hf-assisted", "hf-pld", "hf-baseline"]
-METHODS: tuple[MethodName, ...] = ("baseline", "draft", "ngram", "hybrid", "hf-assisted", "hf-pld", "hf-baseline")
+# draftwise's own methods are plain decoding ("baseline") and one per drafter (draftwise.config.
+# DrafterKind); the anchors are other projects' decoding loops on the same model files.
+MethodName = Literal["baseline", "model", "ngram", "hybrid", "hf-assisted", "hf-pld", "hf-baseline",
+                     "llamacpp-plain", "llamacpp-pld", "llamacpp-spec"]
+METHODS: tuple[MethodName, ...] = get_args(MethodName)
 REFERENCE: MethodName = "baseline"  # every speedup and every losslessness check is against this one
-NEEDS_DRAFT_MODEL: frozenset[str] = frozenset({"draft", "hybrid", "hf-assisted"})
+HF_ANCHORS: tuple[MethodName, ...] = ("hf-assisted", "hf-pld", "hf-baseline")
+LLAMACPP_ANCHORS: tuple[MethodName, ...] = ("llamacpp-plain", "llamacpp-pld", "llamacpp-spec")
+ANCHORS = HF_ANCHORS + LLAMACPP_ANCHORS
+# Methods that draft with the draft model (the bench then loads it).
+NEEDS_DRAFT_MODEL: frozenset[str] = DRAFTERS_WITH_MODEL | {"hf-assisted", "llamacpp-spec"}
 
 SPEC_BENCH = "spec_bench"
+
+
+class BenchError(DraftwiseError, ValueError):
+    """A bench setting that cannot work; the message says why."""
 
 
 class BenchConfig(BaseModel):
@@ -28,18 +41,22 @@ class BenchConfig(BaseModel):
 
     target: str = Field("qwen2.5-coder-1.5b",
                         description="target model: registry name, .gguf file, folder or tiny:SEED")
-    draft: str = Field("qwen2.5-coder-0.5b", description="draft model for the 'draft' and 'hf-assisted' methods")
-    methods: tuple[MethodName, ...] = Field(METHODS, description="methods to compare; 'baseline' is always run")
+    draft: str = Field("qwen2.5-coder-0.5b",
+                       description="draft model of the methods that draft with a model (model, hybrid, anchors)")
+    methods: tuple[MethodName, ...] = Field(
+        ("baseline", "model", "ngram", "hybrid"),
+        description="methods to compare; 'baseline' (draftwise's plain decoding) is always run")
     data: str = Field(SPEC_BENCH, description="'spec_bench' (packaged) or a JSONL file of prompts")
     subtasks: tuple[str, ...] | None = Field(None, description="subtasks to run; None = all in the data")
     limit: int | None = Field(None, ge=1, description="prompts per subtask")
-    dtype: str = Field("auto", description="model dtype, passed to the model loader")
-    draft_quant: DraftQuant = Field(DEFAULT_DRAFT_QUANT, description=DRAFT_QUANT_HELP)
-    threads: int | None = Field(None, ge=1, description="torch threads; None = torch's default")
+    models: ModelOptions = Field(ModelOptions(), description="how the models are loaded and run")
     chat_template: bool = Field(True, description="wrap prompts in the target's chat template when it has one")
     warmup: bool = Field(True, description="run every method once, untimed, before measuring")
     generation: GenerationConfig = GenerationConfig()
     out: Path = Field(Path("draftwise-bench"), description="folder for results.jsonl, report.md and plots")
+    llama_cpp_bin: Path | None = Field(
+        None, description="folder holding llama.cpp's own llama-speculative-simple (`make llama-cpp-bin` builds it), "
+        "for the llamacpp-spec method")
 
     @field_validator("methods")
     @classmethod
@@ -47,6 +64,13 @@ class BenchConfig(BaseModel):
         # The reference runs first in the listing (the run order still rotates per prompt).
         rest = tuple(dict.fromkeys(m for m in methods if m != REFERENCE))
         return (REFERENCE, *rest)
+
+    @model_validator(mode="after")
+    def _spec_needs_binaries(self) -> BenchConfig:
+        if "llamacpp-spec" in self.methods and self.llama_cpp_bin is None:
+            raise ValueError("method llamacpp-spec needs --llama-cpp-bin DIR (llama.cpp's binaries; "
+                             "`make llama-cpp-bin` builds them)")
+        return self
 
     @property
     def needs_draft_model(self) -> bool:
@@ -58,7 +82,7 @@ class BenchConfig(BaseModel):
         Which prompts or methods are selected, where results go and warm-up do not change
         a single result, so they are left out: a larger ``--limit`` reuses earlier results.
         """
-        relevant = self.model_dump(mode="json", include={"target", "draft", "data", "dtype", "draft_quant", "threads",
-                                                          "chat_template", "generation"})
+        relevant = self.model_dump(mode="json", include={"target", "draft", "data", "models", "chat_template",
+                                                          "generation"})
         blob = json.dumps(relevant, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

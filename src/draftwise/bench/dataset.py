@@ -18,13 +18,14 @@ from importlib import resources
 from pathlib import Path
 
 from draftwise.bench.config import SPEC_BENCH
+from draftwise.errors import DraftwiseError
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH_SUBTASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 DEFAULT_SUBTASK = "custom"
 
 
-class DatasetError(ValueError):
+class DatasetError(DraftwiseError, ValueError):
     """The prompt file or the subtask selection is unusable; the message says why."""
 
 

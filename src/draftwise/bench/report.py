@@ -14,16 +14,24 @@ from draftwise.bench.analysis import OVERALL
 from draftwise.bench.audit import NEAR_TIE
 from draftwise.bench.config import REFERENCE, BenchConfig
 from draftwise.bench.dataset import Prompt, subtask_order
-from draftwise.bench.methods import HF_SCHEDULE
+from draftwise.backends.anchor_settings import describe
 from draftwise.bench.store import Record
 
 REPORT = "report.md"
 SUMMARY = "summary.json"
 
 
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def machine_info() -> dict[str, Any]:
     import torch
-    import transformers
 
     from draftwise import __version__
 
@@ -39,10 +47,31 @@ def machine_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "cpu_flags": _cpu_flags(),
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "transformers": _version("transformers"),
+        "llama_cpp_python": _version("llama_cpp_python"),
         "draftwise": __version__,
     }
+
+
+def _cpu_flags() -> str:
+    """The vector extensions that decide CPU kernel speed (hosts of one kind differ)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    flags: set[str] = set()
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
+    return " ".join(f for f in wanted if f in flags)
+
+
+def _models_line(config: BenchConfig) -> str:
+    m = config.models
+    return (f"backend `{m.backend}`, threads {m.threads or 'all'}, context {m.context or 'default'}, "
+            f"hf dtype `{m.dtype}`, hf draft quant `{m.draft_quant}`")
 
 
 def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -146,10 +175,12 @@ def _audit_section(summary: dict[str, Any], methods: Sequence[str], greedy: bool
     if not rows:
         lines.append("No mismatches.")
         return lines
-    lines += [f"Mismatches: first differing token, and the target's top-2 probability gap there (computed "
-              f"by a fresh target pass on the baseline prefix). A gap below {NEAR_TIE} is a near-tie that "
-              "float rounding in a different matmul shape can flip; a larger gap needs investigating.", "",
-              "| method | prompt | subtask | turn | position | baseline token | method token | top-2 gap | verdict |",
+    lines += [f"Mismatches: first differing token, and the gap between the target's top two logits there "
+              f"(computed by a fresh target pass on the baseline prefix). A gap below {NEAR_TIE} is a near-tie "
+              "that float rounding in a different kernel or matmul shape can flip; a larger gap needs "
+              "investigating.", "",
+              "| method | prompt | subtask | turn | position | baseline token | method token | top-2 logit gap "
+              "| verdict |",
               "|---|---|---|---|---|---|---|---|---|"]
     for m, x in rows:
         verdict = "near-tie" if x["near_tie"] else ("investigate" if x["top2_gap"] is not None else "length differs")
@@ -170,16 +201,15 @@ def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Promp
         "",
         f"- date: {summary['date']}",
         f"- command: `{command}`" if command else "- command: (library call)",
-        f"- machine: {machine['cpu']}, {machine['cores']} cores, torch threads {machine['torch_threads']}; "
-        f"{machine['platform']}; torch {machine['torch']}, transformers {machine['transformers']}, "
+        f"- machine: {machine['cpu']} ({machine.get('cpu_flags') or 'flags unknown'}), {machine['cores']} cores, "
+        f"torch threads {machine['torch_threads']}; {machine['platform']}; torch {machine['torch']}, "
+        f"transformers {machine['transformers']}, llama-cpp-python {machine.get('llama_cpp_python')}, "
         f"draftwise {machine['draftwise']}",
-        f"- target `{config.target}`, draft `{config.draft}`, dtype `{config.dtype}`, "
+        f"- target `{config.target}`, draft `{config.draft}`, models {_models_line(config)}, "
         f"max new tokens {config.generation.max_new_tokens}, {_decoding_line(config)}",
         f"- drafting: k policy `{d.k_policy}`, k {d.k}, k_max {d.k_max}, confidence threshold "
-        f"{d.confidence_threshold}, n-gram {d.ngram_min}..{d.ngram_max}; transformers: "
-        f"`num_assistant_tokens={max(1, d.k)}` with schedule `{HF_SCHEDULE[d.k_policy]}`, "
-        f"`assistant_confidence_threshold={d.confidence_threshold}`, `prompt_lookup_num_tokens={max(1, d.k)}`, "
-        f"`max_matching_ngram_size={d.ngram_max}`",
+        f"{d.confidence_threshold}, n-gram {d.ngram_min}..{d.ngram_max}",
+        *[f"- `{m}`: {note}" for m in methods if (note := describe(m, config.generation))],
         f"- prompts: {len(prompts)} ({sum(len(p.turns) for p in prompts)} turns) from `{config.data}`: "
         + ", ".join(f"{s} {n}" for s, n in counts.items()),
         f"- prompt format: {_chat_line(records, config)}",

@@ -18,19 +18,15 @@ from typing import Any
 
 from draftwise.bench.analysis import percentile, summarize, token_latencies
 from draftwise.bench.audit import score_output
-from draftwise.bench.config import REFERENCE, BenchConfig
+from draftwise.bench.config import REFERENCE, BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt, load_prompts
 from draftwise.bench.methods import Method, Trace, build_methods
 from draftwise.bench.store import Record, ResultStore, record_key
 from draftwise.config import GenerationConfig
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel
 
 RESULTS = "results.jsonl"
 WARMUP_TOKENS = 8
-
-
-class BenchError(ValueError):
-    """A bench setting that cannot work; the message says why."""
 
 
 class PromptBuilder:
@@ -121,7 +117,7 @@ def _record(trace: Trace, prompt: Prompt, turn: int, method: str, position: int,
         "rollback_seconds": trace.rollback_seconds,
         "perplexity": perplexity,
         # Only the reference's gaps are needed: the audit looks them up at the first mismatch.
-        "top2_gaps": [round(g, 5) for g in gaps] if method == REFERENCE else None,
+        "top2_logit_gaps": [round(g, 5) for g in gaps] if method == REFERENCE else None,
     }
     latencies = token_latencies(record)
     record["latency_p50_s"] = percentile(latencies, 50)
@@ -148,18 +144,14 @@ class Bench:
             for p in self.prompts for t in range(len(p.turns)) for m in self.config.methods
         )
 
-    def load_models(self) -> tuple[CausalLM, CausalLM | None]:
-        from draftwise.loading import load_draft, load_lm
+    def load_models(self) -> tuple[LanguageModel, LanguageModel | None]:
+        from draftwise.loading import load_pair
 
         c = self.config
-        target = load_lm(c.target, dtype=c.dtype, threads=c.threads)
-        # A separate instance even when draft == target: each model keeps its own KV cache.
-        draft = (load_draft(c.draft, dtype=c.dtype, threads=c.threads, quantize=c.draft_quant)
-                 if c.needs_draft_model else None)
-        return target, draft
+        return load_pair(c.target, c.draft if c.needs_draft_model else None, c.models)
 
     def run(self, progress: Any = None, on_record: Callable[[Record], None] | None = None,
-            models: tuple[CausalLM, CausalLM | None] | None = None) -> list[Record]:
+            models: tuple[LanguageModel, LanguageModel | None] | None = None) -> list[Record]:
         """Run every pending unit; return the records of this configuration and selection.
 
         ``progress`` is a rich ``Progress`` (or None); ``on_record`` sees each new record.
@@ -182,7 +174,7 @@ class Bench:
         sampling = g.sampling.model_copy(update={"seed": sampling_seed(g.sampling.seed, prompt.id, turn)})
         return g.model_copy(update={"sampling": sampling, "max_new_tokens": max_new_tokens or g.max_new_tokens})
 
-    def _measure(self, target: CausalLM, draft: CausalLM | None, todo: int, progress: Any,
+    def _measure(self, target: LanguageModel, draft: LanguageModel | None, todo: int, progress: Any,
                  on_record: Callable[[Record], None] | None) -> None:
         methods, timers = build_methods(self.config, target, draft)
         try:
@@ -191,7 +183,7 @@ class Bench:
             for timer in timers:
                 timer.close()
 
-    def _measure_with(self, methods: dict[str, Method], target: CausalLM, todo: int, progress: Any,
+    def _measure_with(self, methods: dict[str, Method], target: LanguageModel, todo: int, progress: Any,
                       on_record: Callable[[Record], None] | None) -> None:
         builder = PromptBuilder(target.tokenizer, self.config.chat_template)
         scores: dict[int, tuple[float | None, list[float]]] = {}
@@ -229,7 +221,7 @@ class Bench:
                     answers[name].append(record["text"])
 
     def _run_unit(self, method: Method, builder: PromptBuilder, prompt: Prompt, turn: int, position: int,
-                  answers: Sequence[str], target: CausalLM, scores: dict[int, tuple[float | None, list[float]]]
+                  answers: Sequence[str], target: LanguageModel, scores: dict[int, tuple[float | None, list[float]]]
                   ) -> Record:
         prompt_ids = builder.ids(prompt.turns[: turn + 1], answers)
         trace = method.run(prompt_ids, self._generation(prompt, turn))
@@ -252,7 +244,7 @@ class Bench:
 
 def run_bench(config: BenchConfig, *, command: str | None = None, progress: Any = None,
               on_record: Callable[[Record], None] | None = None,
-              models: tuple[CausalLM, CausalLM | None] | None = None) -> Path:
+              models: tuple[LanguageModel, LanguageModel | None] | None = None) -> Path:
     """Measure what is pending, then write summary.json, the plots and report.md; return the report's path."""
     from draftwise.bench.plots import write_plots
     from draftwise.bench.report import write_report

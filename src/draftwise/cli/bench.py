@@ -13,12 +13,12 @@ from typing import Any
 
 import typer
 
-from draftwise.cli.options import field_option
 from draftwise.bench.config import METHODS, BenchConfig
-from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.cli.options import fail, field_option, one_line, with_model_options
+from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 
 # A first look in a few minutes on a 2-core CPU: the 135M model, drafting for itself (the
-# 'draft' and 'hf-assisted' methods) and with n-grams, one prompt per subtask, 64 tokens.
+# 'model' method) and with n-grams, one prompt per subtask, 64 tokens.
 QUICK = {"target": "smollm2-135m", "draft": "smollm2-135m", "limit": 1, "max_new_tokens": 64}
 
 
@@ -34,25 +34,19 @@ def _split(value: str | None) -> tuple[str, ...] | None:
     return tuple(x.strip() for x in value.split(",") if x.strip()) if value else None
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
+    @with_model_options()
     def bench(
         target: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "target")),
         draft: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "draft")),
-        methods: str = typer.Option(",".join(METHODS), help="comma-separated methods; 'baseline' always runs"),
+        methods: str = typer.Option(",".join(BenchConfig.model_fields["methods"].default),
+                                    help=f"comma-separated methods, of: {', '.join(METHODS)}; 'baseline' always runs"),
         data: str = field_option(BenchConfig, "data"),
         subtasks: str | None = typer.Option(None, help="comma-separated subtasks (Spec-Bench: mt_bench, "
                                             "translation, summarization, qa, math_reasoning, rag); default all"),
         limit: int | None = typer.Option(None, help=_with_defaults(BenchConfig, "limit")),
         max_new_tokens: int | None = typer.Option(None, help=_with_defaults(GenerationConfig, "max_new_tokens")),
-        dtype: str = field_option(BenchConfig, "dtype"),
-        draft_quant: str = field_option(BenchConfig, "draft_quant"),
-        threads: int | None = field_option(BenchConfig, "threads"),
         k_policy: str = field_option(DraftConfig, "k_policy"),
         k: int = field_option(DraftConfig, "k"),
         k_max: int = field_option(DraftConfig, "k_max"),
@@ -68,6 +62,9 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="a first look in a few minutes: the small pair, "
                                    "one prompt per subtask, 64 tokens (explicit flags still win)"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+        llama_cpp_bin: Path | None = field_option(BenchConfig, "llama_cpp_bin"),
+        models: ModelOptions = ModelOptions(),
+        models_given: dict | None = None,
     ) -> None:
         """Benchmark draftwise (baseline, model drafter, n-gram) against transformers (assisted generation,
         prompt lookup, plain generate) on the same prompts in one process; an interrupted run resumes."""
@@ -82,9 +79,8 @@ def register(app: typer.Typer) -> None:
                 data=data,
                 subtasks=_split(subtasks),
                 limit=limit if limit is not None else preset.get("limit"),
-                dtype=dtype,
-                draft_quant=draft_quant,
-                threads=threads,
+                models=models,
+                llama_cpp_bin=llama_cpp_bin,
                 chat_template=chat,
                 warmup=warmup,
                 out=out,
@@ -97,21 +93,13 @@ def register(app: typer.Typer) -> None:
                 ),
             )
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
-            _fail(f"{where + ': ' if where else ''}{first['msg']}")
+            raise fail(one_line(exc)) from None
 
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        from transformers.utils import logging as hf_logging
 
-        from draftwise.bench.dataset import DatasetError
-        from draftwise.bench.runner import Bench, BenchError, run_bench
-        from draftwise.loading import ModelLoadError
+        from draftwise.bench.runner import Bench, run_bench
 
-        # transformers warns on every assisted call about how generation options were passed;
-        # the bench passes them deliberately, so only errors are worth showing.
-        hf_logging.set_verbosity_error()
         console = Console(stderr=True)
         try:
             pending = Bench(config).pending()
@@ -121,8 +109,6 @@ def register(app: typer.Typer) -> None:
                            TextColumn("[cyan]{task.fields[speedup]}"), console=console, disable=not progress)
             with bar:
                 report = run_bench(config, command=shlex.join(["draftwise", *sys.argv[1:]]), progress=bar)
-        except (BenchError, DatasetError, ModelLoadError) as exc:
-            _fail(str(exc))
         except KeyboardInterrupt:
             console.print(f"interrupted: finished results are kept in {config.out}; run the same command to resume")
             raise typer.Exit(130) from None

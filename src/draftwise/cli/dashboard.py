@@ -19,6 +19,9 @@ from typing import Any
 
 import typer
 
+from draftwise.cli.options import with_model_options
+from draftwise.config import ModelOptions
+
 HEALTH_POLL_S = 0.5
 
 
@@ -82,6 +85,7 @@ def _wait_healthy(process: subprocess.Popen[Any], url: str, log: Path, timeout: 
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @with_model_options()
     def dashboard(
         api_url: str | None = typer.Option(
             None, help="URL of a running draftwise API (`draftwise serve`); default: start one here"),
@@ -89,15 +93,13 @@ def register(app: typer.Typer) -> None:
             None, help="target model of the local API server; default: `draftwise serve`'s (the default pair)"),
         draft: str | None = typer.Option(None, help="draft model of the local API server"),
         drafter: str | None = typer.Option(None, help="default drafter of the local API server: model, ngram, hybrid or off"),
-        draft_quant: str | None = typer.Option(
-            None, help="weight-only quantization of the local API server's draft model: none, int8 or int4; "
-            "default: `draftwise serve`'s (int4)"),
-        threads: int | None = typer.Option(None, help="torch CPU threads of the local API server"),
         host: str = typer.Option("127.0.0.1", help="address of the dashboard page (and of the local API server)"),
         port: int = typer.Option(8501, help="port of the dashboard page"),
         bench: Path | None = typer.Option(None, help="`draftwise bench` output folder to open in the report view"),
         startup_timeout: float = typer.Option(
             900.0, help="seconds to wait for the local API server (a first GGUF load converts the weights)"),
+        models: ModelOptions = ModelOptions(),
+        models_given: dict | None = None,
     ) -> None:
         """Live dashboard: watch the drafter and the target token by token, compare with the plain target,
         browse bench reports (Streamlit; opens at http://HOST:PORT)."""
@@ -109,12 +111,12 @@ def register(app: typer.Typer) -> None:
         if importlib.util.find_spec("streamlit") is None:
             _fail("the dashboard needs streamlit: pip install 'draftwise[dashboard]'")
         # The flags handed on to the local `draftwise serve`, as given.
-        local = {name: value for name, value in (("target", target), ("draft", draft), ("drafter", drafter),
-                                                 ("draft-quant", draft_quant), ("threads", threads))
+        local = {name: value for name, value in (("target", target), ("draft", draft), ("drafter", drafter))
                  if value is not None}
+        local.update({name.replace("_", "-"): value for name, value in (models_given or {}).items()})
         if api_url is not None and local:
-            _fail("--target, --draft, --drafter, --draft-quant and --threads configure the local API server; with "
-                  "--api-url the server is already running")
+            _fail(f"{', '.join('--' + name for name in local)} configure the local API server; with --api-url "
+                  "the server is already running")
 
         # A plain `kill` must still stop the children: turn SIGTERM into a normal exit.
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

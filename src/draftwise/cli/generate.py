@@ -13,35 +13,31 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, get_args
 
 import typer
 
-from draftwise.cli.options import config_parameters
-from draftwise.config import DEFAULT_DRAFT_QUANT, DRAFT_QUANT_HELP, NEEDS_DRAFT_MODEL, DrafterKind, DraftQuant
+from draftwise.cli.options import config_parameters, fail, with_model_options
+from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, ModelOptions
 
 STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
 LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
 def _read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
-        raise _fail("give the prompt as an argument or with --file, not both")
+        raise fail("give the prompt as an argument or with --file, not both")
     if file is not None:
         try:
             return file.read_text()
         except OSError as exc:
-            raise _fail(f"cannot read prompt file {file}: {exc.strerror}") from None
+            raise fail(f"cannot read prompt file {file}: {exc.strerror}") from None
     if prompt == "-":
         return sys.stdin.read()
     if prompt is None:
-        raise _fail("no prompt: give it as an argument, with --file PATH, or '-' to read stdin")
+        raise fail("no prompt: give it as an argument, with --file PATH, or '-' to read stdin")
     return prompt
 
 
@@ -111,41 +107,12 @@ def _stats_table(metrics: Any, title: str):
     return table
 
 
-def _load_models(
-    target: str, draft: str | None, drafter: str, dtype: str, threads: int | None, console, draft_quant: str = "none"
-):
-    """Load target (and draft model, None for n-gram lookup), check they fit together;
-    one-line errors."""
-    from draftwise.compat import IncompatibleModelsError, check_compatible
-    from draftwise.loading import ModelLoadError, load_draft, load_lm
-    from draftwise.model import CausalLM
-
-    try:
-        with console.status(f"loading target {target}"):
-            target_lm = load_lm(target, dtype=dtype, threads=threads, log=console.print)
-        if drafter not in NEEDS_DRAFT_MODEL:
-            return target_lm, None
-        with console.status(f"loading draft {draft}"):
-            draft_lm = (
-                target_lm
-                if draft == target
-                else load_draft(draft, dtype=dtype, threads=threads, log=console.print, quantize=draft_quant)
-            )
-        if draft_lm is target_lm:
-            # Same weights, separate KV cache: a draft that is always right (a check of the loop).
-            draft_lm = CausalLM(target_lm.model, target_lm.tokenizer, name=target)
-        check_compatible(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
-    except (ModelLoadError, IncompatibleModelsError) as exc:
-        raise _fail(str(exc)) from None
-    return target_lm, draft_lm
-
-
 def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, str]:
     """(draft model source, drafter kind): explicit flags win, else the registry's advice."""
     from draftwise.registry import REGISTRY
 
     if drafter is not None and drafter not in get_args(DrafterKind):
-        raise _fail(f"--drafter must be 'model', 'ngram' or 'hybrid', got {drafter!r}")
+        raise fail(f"--drafter must be 'model', 'ngram' or 'hybrid', got {drafter!r}")
     if drafter == "ngram":
         return None, "ngram"
     if draft is not None:
@@ -154,102 +121,74 @@ def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tupl
     recommended = entry.draft if entry is not None else None
     if drafter in NEEDS_DRAFT_MODEL:
         if recommended in (None, "ngram"):
-            raise _fail(f"--drafter {drafter} needs --draft: no draft model is known for {target!r}")
+            raise fail(f"--drafter {drafter} needs --draft: no draft model is known for {target!r}")
         return recommended, drafter
     return (recommended, "model") if recommended not in (None, "ngram") else (None, "ngram")
 
 
-def _run(
-    prompt: str | None,
-    file: Path | None,
-    target: str | None,
-    draft: str | None,
-    drafter: str | None,
-    chat: bool,
-    compare: bool,
-    as_json: bool,
-    dtype: str,
-    threads: int | None,
-    draft_quant: str,
-    verifier: str | None,
-    values: dict[str, Any],
-) -> None:
-    from rich.console import Console
+@dataclass
+class _Models:
+    """What ``generate`` loaded: the target (None when a remote verifier runs it), the draft
+    model (None for n-gram lookup), and the tokenizer that turns the prompt into ids."""
 
-    from draftwise.chat import encode_prompt
-    from draftwise.cli.options import ConfigError, config_from_values
-    from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+    target: Any
+    draft: Any
+    tokenizer: Any
 
-    try:
-        config = config_from_values(values)  # before any model loads: mistakes fail fast
-    except ConfigError as exc:
-        raise _fail(str(exc)) from None
-    if draft_quant not in get_args(DraftQuant):
-        raise _fail(f"--draft-quant must be one of {', '.join(get_args(DraftQuant))}, got {draft_quant!r}")
-    text = _read_prompt(prompt, file)
-    if target is None and draft is None and drafter is None:
-        target, draft, drafter = DEFAULT_TARGET, DEFAULT_DRAFT, "model" if DEFAULT_DRAFT else "ngram"
-    target = target or DEFAULT_TARGET
-    draft, drafter = _choose_drafter(target, draft, drafter)
-    if verifier is not None:
-        if drafter != "model" or compare:
-            raise _fail("--verifier needs a draft model (--draft) and cannot --compare (the target is remote)")
-        target = draft  # only the draft runs here; it also supplies the tokenizer
 
-    err = Console(stderr=True)
-    out = Console(highlight=False)
-    target_lm, draft_lm = _load_models(target, draft, drafter, dtype, threads, err, draft_quant)
+def _load(target: str, draft: str | None, drafter: str, verifier: str | None, models: ModelOptions,
+          console: Any) -> _Models:
+    from draftwise.loading import load_lm, load_pair
 
+    log = console.print
+    if verifier is not None:  # only the draft runs here; it also supplies the tokenizer
+        with console.status(f"loading draft {draft}"):
+            draft_lm = load_lm(str(draft), models, draft=True, log=log)
+        return _Models(None, draft_lm, draft_lm.tokenizer)
+    with console.status(f"loading {target}" + (f" and draft {draft}" if draft else "")):
+        target_lm, draft_lm = load_pair(target, draft if drafter in NEEDS_DRAFT_MODEL else None, models, log=log)
+    return _Models(target_lm, draft_lm, target_lm.tokenizer)
+
+
+def _engine(loaded: _Models, drafter: str, verifier: str | None, ids: list[int]) -> Any:
+    """The speculative engine: on the local target (both models warmed up first), or on a
+    remote verifier."""
     from draftwise.drafters import build_drafter
-    from draftwise.engine import GenerationResult, SpeculativeEngine, autoregressive
-    from draftwise.metrics import GenerationMetrics
+    from draftwise.engine import SpeculativeEngine
 
-    try:
-        ids = encode_prompt(target_lm.tokenizer, text, chat)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
-    remote_errors: tuple[type[Exception], ...] = ()  # a remote target's failures, shown in one line
-    if verifier is None:
-        # One short pass per model first: the first call pages the weights in and picks
-        # kernels, a one-off cost that would otherwise be billed to whichever run goes first.
-        for lm in (target_lm, draft_lm):
-            if lm is not None:
-                lm.reset()
-                lm.forward(ids[:8], last=1)
-        engine = SpeculativeEngine.from_models(target_lm, build_drafter(drafter, draft_lm))
-    else:
-        from draftwise.remote.client import RemoteVerifierError, connect
+    if verifier is not None:
+        from draftwise.remote.client import connect
 
-        remote_errors = (RemoteVerifierError,)
-        try:
-            remote = connect(verifier, tokenizer=target_lm.tokenizer)
-        except RemoteVerifierError as exc:
-            raise _fail(str(exc)) from None
-        engine = SpeculativeEngine(remote, build_drafter(drafter, draft_lm), tokenizer=target_lm.tokenizer)
-    label = f"{target} + " + {"model": f"{draft} drafter", "ngram": "n-gram drafter",
-                               "hybrid": f"n-gram / {draft} hybrid drafter"}[drafter]
-    if not as_json:
-        err.print(f"[bold]{label}[/]   {LEGEND}")
-    colours = TokenColours(target_lm.tokenizer)
+        remote = connect(verifier, tokenizer=loaded.tokenizer)
+        return SpeculativeEngine(remote, build_drafter(drafter, loaded.draft), tokenizer=loaded.tokenizer)
+    # One short pass per model first: the first call pages the weights in and picks kernels,
+    # a one-off cost that would otherwise be billed to whichever run goes first.
+    for lm in (loaded.target, loaded.draft):
+        if lm is not None:
+            lm.reset()
+            lm.forward(ids[:8], last=1)
+    return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft))
+
+
+def _speculate(engine: Any, ids: list[int], config: Any, tokenizer: Any, out: Any, show: bool) -> Any:
+    """Run the engine, printing each step's text coloured by provenance when ``show``."""
+    from draftwise.engine import GenerationResult
+
+    colours = TokenColours(tokenizer)
     events = []
-    try:
-        for event in engine.stream(ids, config):
-            events.append(event)
-            if not as_json:
-                colours.push(event.tokens, event.sources)
-                out.print(colours.render(event.text), end="")
-    except remote_errors as exc:
-        raise _fail(str(exc)) from None
-    result = GenerationResult(ids, [t for e in events for t in e.tokens], "".join(e.text for e in events),
-                              GenerationMetrics.from_events(events), events)
+    for event in engine.stream(ids, config):
+        events.append(event)
+        if show:
+            colours.push(event.tokens, event.sources)
+            out.print(colours.render(event.text), end="")
+    return GenerationResult.from_events(ids, events)
 
-    baseline = autoregressive(target_lm).generate(ids, config) if compare else None
+
+def _report(result: Any, baseline: Any, config: Any, label: str, run: dict[str, Any], as_json: bool,
+            out: Any) -> None:
     if as_json:
-        payload = {
-            "target": target, "draft": draft, "drafter": drafter, "dtype": str(target_lm.model.dtype),
-            "config": config.model_dump(mode="json"), "prompt_tokens": len(ids),
-            "text": result.text, "tokens": result.tokens, "metrics": result.metrics.to_dict(),
-        }
+        payload = {**run, "config": config.model_dump(mode="json"), "prompt_tokens": len(result.prompt_ids),
+                   "text": result.text, "tokens": result.tokens, "metrics": result.metrics.to_dict()}
         if baseline is not None:
             payload["compare"] = {
                 "text": baseline.text, "tokens": baseline.tokens, "metrics": baseline.metrics.to_dict(),
@@ -260,11 +199,45 @@ def _run(
     out.print()
     out.print(_stats_table(result.metrics, f"speculative: {label}"))
     if baseline is not None:
-        out.print(_stats_table(baseline.metrics, f"plain target: {target}"))
+        out.print(_stats_table(baseline.metrics, f"plain target: {run['target']}"))
         same = "identical" if baseline.tokens == result.tokens else "different"
         note = "" if config.sampling.greedy or same == "identical" else " (expected when sampling)"
         out.print(f"[bold]speedup {_speedup(result, baseline):.2f}x[/] (tokens/s, speculative vs plain); "
                   f"outputs token-for-token {same}{note}")
+
+
+def _run(prompt: str | None, file: Path | None, target: str | None, draft: str | None, drafter: str | None,
+         chat: bool, compare: bool, as_json: bool, verifier: str | None, models: ModelOptions,
+         values: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    from draftwise.chat import encode_prompt
+    from draftwise.cli.options import config_from_values
+    from draftwise.engine import autoregressive
+    from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    config = config_from_values(values)  # before any model loads: mistakes fail fast
+    text = _read_prompt(prompt, file)
+    if target is None and draft is None and drafter is None:
+        target, draft, drafter = DEFAULT_TARGET, DEFAULT_DRAFT, "model" if DEFAULT_DRAFT else "ngram"
+    target = target or DEFAULT_TARGET
+    draft, drafter = _choose_drafter(target, draft, drafter)
+    if verifier is not None and (drafter != "model" or compare):
+        raise fail("--verifier needs a draft model (--draft) and cannot --compare (the target is remote)")
+
+    err, out = Console(stderr=True), Console(highlight=False)
+    loaded = _load(target, draft, drafter, verifier, models, err)
+    ids = encode_prompt(loaded.tokenizer, text, chat)
+    engine = _engine(loaded, drafter, verifier, ids)
+    label = f"{target} + " + {"model": f"{draft} drafter", "ngram": "n-gram drafter",
+                               "hybrid": f"n-gram / {draft} hybrid drafter"}[drafter]
+    if not as_json:
+        err.print(f"[bold]{label}[/]   {LEGEND}")
+    result = _speculate(engine, ids, config, loaded.tokenizer, out, show=not as_json)
+    baseline = autoregressive(loaded.target).generate(ids, config) if compare else None
+    backend = loaded.target or loaded.draft
+    run = {"target": target, "draft": draft, "drafter": drafter, "backend": backend.backend, "dtype": backend.dtype}
+    _report(result, baseline, config, label, run, as_json, out)
 
 
 def _speedup(result: Any, baseline: Any) -> float:
@@ -287,9 +260,6 @@ def register(app: typer.Typer) -> None:
         ("chat", bool, typer.Option(False, "--chat/--plain", help="apply the target's chat template")),
         ("compare", bool, typer.Option(False, help="also run the plain target; print speedup and identity")),
         ("as_json", bool, typer.Option(False, "--json", help="print one JSON object instead of coloured text")),
-        ("dtype", str, typer.Option("auto", help="auto (measure what is fastest here), float32 or bfloat16")),
-        ("threads", Optional[int], typer.Option(None, help="CPU threads for torch; default: torch's choice")),
-        ("draft_quant", str, typer.Option(DEFAULT_DRAFT_QUANT, help=DRAFT_QUANT_HELP)),
         ("verifier", Optional[str], typer.Option(
             None, help="URL of a `draftwise serve-verifier` running the target: only the draft runs here "
             "(API key: $DRAFTWISE_VERIFIER_API_KEY)")),
@@ -298,10 +268,12 @@ def register(app: typer.Typer) -> None:
 
     def generate(**kwargs: Any) -> None:
         """Generate text with speculative decoding; tokens are coloured by where they came from."""
-        _run(*(kwargs.pop(name) for name in names), values=kwargs)
+        models = kwargs.pop("models")
+        kwargs.pop("models_given")
+        _run(*(kwargs.pop(name) for name in names), models=models, values=kwargs)
 
-    generate.__signature__ = inspect.Signature(
+    generate.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in fixed]
         + config_parameters()
     )
-    app.command()(generate)
+    app.command()(with_model_options()(generate))

@@ -1,7 +1,7 @@
 """CLI options derived from the pydantic config classes, so ``config.py`` stays the one source
-of truth: every scalar field of ``GenerationConfig``, ``SamplingConfig`` and ``DraftConfig``
-becomes a flag (``top_p`` -> ``--top-p``) whose help text and default are the field's own.
-A new config field therefore shows up on the command line without touching the CLI.
+of truth: every scalar field of ``GenerationConfig``, ``SamplingConfig``, ``DraftConfig`` and
+``ModelOptions`` becomes a flag (``top_p`` -> ``--top-p``) whose help text and default are the
+field's own. A new config field therefore shows up on the command line without touching the CLI.
 
 Flags default to ``None`` (not given), and only given values reach pydantic, so defaults
 live in one place; pydantic's validation errors become one line naming the flag.
@@ -9,15 +9,18 @@ live in one place; pydantic's validation errors become one line naming the flag.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 import typing
+from collections.abc import Callable, Iterable
 from typing import Any, List, Literal, Optional
 
 import typer
 from pydantic import BaseModel, ValidationError
 
-from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
+from draftwise.errors import DraftwiseError
 
 # Section name -> config class; "" is GenerationConfig's own scalar fields.
 SECTIONS: dict[str, type[BaseModel]] = {"": GenerationConfig, "sampling": SamplingConfig, "draft": DraftConfig}
@@ -25,8 +28,14 @@ SECTIONS: dict[str, type[BaseModel]] = {"": GenerationConfig, "sampling": Sampli
 SKIPPED = {"eos_token_ids"}
 
 
-class ConfigError(ValueError):
+class ConfigError(DraftwiseError, ValueError):
     """A flag value the config rejects; the message is one line."""
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``error: message`` on stderr; return the ``typer.Exit`` to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
 
 
 def field_option(model: type[BaseModel], name: str, *flags: str, help: str | None = None, **kwargs: Any) -> Any:
@@ -44,19 +53,18 @@ def warn_if_exposed(host: str, api_key: object | None) -> None:
         typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _scalar_fields(cls: type[BaseModel], skip: Iterable[str] = ()) -> list[tuple[str, Any]]:
+    return [(name, field) for name, field in cls.model_fields.items()
+            if name not in skip and not (inspect.isclass(field.annotation) and issubclass(field.annotation, BaseModel))]
+
+
 def _fields() -> list[tuple[str, str, Any]]:
-    """(section, field name, field info) for every scalar config field."""
-    out = []
-    for section, cls in SECTIONS.items():
-        for name, field in cls.model_fields.items():
-            if name in SKIPPED or (inspect.isclass(field.annotation) and issubclass(field.annotation, BaseModel)):
-                continue
-            out.append((section, name, field))
-    return out
+    """(section, field name, field info) for every scalar generation-config field."""
+    return [(section, name, field) for section, cls in SECTIONS.items() for name, field in _scalar_fields(cls, SKIPPED)]
 
 
 def _cli_type(annotation: Any) -> tuple[Any, str]:
@@ -68,24 +76,37 @@ def _cli_type(annotation: Any) -> tuple[Any, str]:
     if origin is tuple:
         return Optional[List[args[0]]], "repeatable"
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        if typing.get_origin(args[0]) is Literal:
+            return Optional[str], "one of " + ", ".join(map(str, typing.get_args(args[0])))
         return Optional[args[0]], ""
     return Optional[annotation], ""
 
 
+def _parameter(name: str, field: Any) -> inspect.Parameter:
+    cli_type, note = _cli_type(field.annotation)
+    option_flag = flag(name)
+    flags = (f"{option_flag}/--no-{option_flag[2:]}",) if field.annotation is bool else (option_flag,)
+    default = "none" if field.default is None else field.default
+    if isinstance(default, tuple):
+        default = ", ".join(default) or "none"
+    parts = [field.description or "", note, f"default: {default}"]
+    option = typer.Option(None, *flags, help="; ".join(p for p in parts if p), show_default=False)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=cli_type)
+
+
 def config_parameters() -> list[inspect.Parameter]:
-    """Keyword parameters, one per config field, for a typer command's signature."""
-    params = []
-    for _section, name, field in _fields():
-        cli_type, note = _cli_type(field.annotation)
-        flag = _flag(name)
-        flags = (f"{flag}/--no-{flag[2:]}",) if field.annotation is bool else (flag,)
-        default = "none" if field.default is None else field.default
-        if isinstance(default, tuple):
-            default = ", ".join(default) or "none"
-        parts = [field.description or "", note, f"default: {default}"]
-        option = typer.Option(None, *flags, help="; ".join(p for p in parts if p), show_default=False)
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=cli_type))
-    return params
+    """Keyword parameters, one per generation-config field, for a typer command's signature."""
+    return [_parameter(name, field) for _section, name, field in _fields()]
+
+
+def one_line(exc: ValidationError, prefix: str = "") -> str:
+    """pydantic's first complaint as ``--flag: problem (got value)``."""
+    error = exc.errors()[0]
+    parts = [str(p) for p in error["loc"] if not str(p).startswith("function-")]
+    where = ", ".join(flag(p) for p in parts)
+    message = str(error["msg"]).removeprefix("Value error, ")
+    got = f" (got {error['input']!r})" if parts and "input" in error else ""
+    return f"{prefix}{where}: {message}{got}" if where else f"{prefix}{message}"
 
 
 def config_from_values(values: dict[str, Any]) -> GenerationConfig:
@@ -100,8 +121,36 @@ def config_from_values(values: dict[str, Any]) -> GenerationConfig:
         draft = DraftConfig(**given["draft"])
         return GenerationConfig(**given[""], sampling=sampling, draft=draft)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ", ".join(_flag(str(part)) for part in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
-        got = f" (got {error['input']!r})" if error["loc"] and "input" in error else ""
-        raise ConfigError(f"{where}: {message}{got}" if where else message) from None
+        raise ConfigError(one_line(exc)) from None
+
+
+def given_model_options(values: dict[str, Any], skip: Iterable[str] = ()) -> dict[str, Any]:
+    """The ``ModelOptions`` flags among ``values`` that were given (not None)."""
+    return {name: values[name] for name, _ in _scalar_fields(ModelOptions, skip) if values.get(name) is not None}
+
+
+def with_model_options(skip: Iterable[str] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator for a typer command: one flag per ``ModelOptions`` field (but ``skip``), handed
+    to the command as a validated ``models: ModelOptions`` (a bad value: one line, exit 2), and
+    the flags given as ``models_given`` (what to pass on to a child command)."""
+    skipped = set(skip)
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command)
+        names = [name for name, _ in _scalar_fields(ModelOptions, skipped)]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            given = given_model_options({n: kwargs.pop(n) for n in names}, skipped)
+            try:
+                models = ModelOptions(**given)
+            except ValidationError as exc:
+                raise fail(one_line(exc)) from None
+            return command(**kwargs, models=models, models_given=given)
+
+        kept = [p for p in signature.parameters.values() if p.name not in ("models", "models_given")]
+        extra = [_parameter(name, field) for name, field in _scalar_fields(ModelOptions, skipped)]
+        wrapper.__signature__ = signature.replace(parameters=kept + extra)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate

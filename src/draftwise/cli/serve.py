@@ -9,10 +9,10 @@ from __future__ import annotations
 import typer
 
 from draftwise.api.settings import API_KEY_ENV, ServerSettings
-from draftwise.cli.options import field_option, warn_if_exposed
-from draftwise.config import DraftConfig, GenerationConfig
-
-DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+from draftwise.cli.options import fail, field_option, one_line, warn_if_exposed, with_model_options
+from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
+from draftwise.errors import DraftwiseError
+from draftwise.registry import DEFAULT_TARGET
 
 
 def _recommended(target: str) -> tuple[str | None, str]:
@@ -27,6 +27,7 @@ def _recommended(target: str) -> tuple[str | None, str]:
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @with_model_options()
     def serve(
         target: str = typer.Option(DEFAULT_TARGET, help=ServerSettings.model_fields["target"].description),
         draft: str | None = field_option(ServerSettings, "draft"),
@@ -44,11 +45,10 @@ def register(app: typer.Typer) -> None:
         k_policy: str = field_option(DraftConfig, "k_policy"),
         k: int = field_option(DraftConfig, "k"),
         model_name: str | None = field_option(ServerSettings, "model_name"),
-        dtype: str = field_option(ServerSettings, "dtype"),
-        draft_quant: str = field_option(ServerSettings, "draft_quant"),
-        threads: int | None = field_option(ServerSettings, "threads"),
         api_key: str | None = field_option(ServerSettings, "api_key", envvar=API_KEY_ENV, show_default=False),
         max_body_bytes: int = field_option(ServerSettings, "max_body_bytes"),
+        models: ModelOptions = ModelOptions(),
+        models_given: dict | None = None,
     ) -> None:
         """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
         plus /metrics (Prometheus), /health and /docs."""
@@ -60,26 +60,22 @@ def register(app: typer.Typer) -> None:
             settings = ServerSettings(
                 target=target, draft=draft, drafter=drafter, host=host, port=port, workers=workers,
                 queue_size=queue_size, request_timeout=request_timeout, max_context=max_context, model_name=model_name,
-                dtype=dtype, draft_quant=draft_quant, threads=threads, api_key=api_key, max_body_bytes=max_body_bytes,
+                models=models, api_key=api_key, max_body_bytes=max_body_bytes,
                 generation=GenerationConfig(max_new_tokens=max_tokens, draft=DraftConfig(k_policy=k_policy, k=k)),
             )
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise typer.BadParameter(f"{where + ': ' if where else ''}{first['msg']}") from None
+            raise fail(one_line(exc)) from None
 
         import uvicorn
 
         from draftwise.api.app import create_app
-        from draftwise.loading import ModelLoadError
 
         typer.echo(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...",
                    err=True)
         try:
             server = create_app(settings, log=lambda note: typer.echo(note, err=True))
-        except (ModelLoadError, ValueError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+        except DraftwiseError as exc:
+            raise fail(str(exc), exc.exit_code) from None
         warn_if_exposed(settings.host, settings.api_key)
         typer.echo(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
                    f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)", err=True)

@@ -20,6 +20,7 @@ import torch
 
 from draftwise.config import GenerationConfig, SamplingConfig
 from draftwise.drafters import Proposal
+from draftwise.errors import DraftwiseError
 from draftwise.remote.protocol import (
     PROTOCOL_VERSION,
     OpenSession,
@@ -35,11 +36,13 @@ from draftwise.target import Verification
 from draftwise.verify import Verdict
 
 
-class RemoteVerifierError(RuntimeError):
+class RemoteVerifierError(DraftwiseError, RuntimeError):
     """The verifier cannot be used (unreachable, refused, incompatible); the message says why.
 
     ``status`` is the HTTP status of a refusal, ``None`` when there was no answer.
     """
+
+    exit_code = 1  # not necessarily the user's mistake: the server may be down
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)

@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from draftwise.config import GenerationConfig, SamplingConfig
 from draftwise.drafters import Proposal
 from draftwise.engine import seeded_generators
-from draftwise.model import CausalLM
+from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import (
     PROTOCOL_VERSION,
     Health,
@@ -77,7 +77,7 @@ class VerifierService:
     not several at once, and a session must never be verified twice concurrently.
     """
 
-    def __init__(self, settings: VerifierSettings, lm: CausalLM) -> None:
+    def __init__(self, settings: VerifierSettings, lm: LanguageModel) -> None:
         self.settings = settings
         self.lm = lm
         self.vocab_size = lm.vocab_size
@@ -126,7 +126,7 @@ class VerifierService:
             self._expire_locked(now)
             while len(self._sessions) >= self.settings.max_sessions:
                 self._sessions.popitem(last=False)
-            target = LocalTarget(CausalLM(self.lm.model, self.lm.tokenizer, name=self.lm.name))
+            target = LocalTarget(self.lm.fork())
             started = time.perf_counter()
             target_generator, _ = seeded_generators(request.sampling.seed)
             target.start(prompt, GenerationConfig(sampling=request.sampling), target_generator)
@@ -242,12 +242,13 @@ _VERIFY_DOC = (
 )
 
 
-def create_app(settings: VerifierSettings, lm: CausalLM | None = None) -> FastAPI:
+def create_app(settings: VerifierSettings, lm: LanguageModel | None = None,
+               log: Callable[[str], None] | None = None) -> FastAPI:
     """Build the verifier app; loads ``settings.target`` unless a loaded ``lm`` is given."""
     if lm is None:
         from draftwise.loading import load_lm
 
-        lm = load_lm(settings.target, dtype=settings.dtype, threads=settings.threads)
+        lm = load_lm(settings.target, settings.models, log=log)
     service = VerifierService(settings, lm)
 
     @asynccontextmanager

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from draftwise.config import ModelOptions
 
 API_KEY_ENV = "DRAFTWISE_VERIFIER_API_KEY"  # read by serve-verifier and by the client
 
@@ -13,8 +13,7 @@ class VerifierSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     target: str = Field(..., description="target model source (a name, a folder, a .gguf file or tiny:SEED)")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="target weights' dtype")
-    threads: int | None = Field(None, ge=1, description="torch threads for the target (default: torch's)")
+    models: ModelOptions = Field(ModelOptions(), description="how the target is loaded and run")
     host: str = Field("127.0.0.1", description="address to bind; loopback unless told otherwise")
     port: int = Field(8765, ge=0, le=65535, description="port to listen on")
     api_key: SecretStr | None = Field(

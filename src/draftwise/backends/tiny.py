@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from draftwise.model import CausalLM
+from draftwise.backends.hf import HFModel
 
 EOS = "<|eos|>"
 
@@ -28,7 +28,7 @@ def tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS)
 
 
-def tiny_lm(seed: int = 0, layers: int = 2, hidden: int = 64, init_scale: float = 0.15) -> CausalLM:
+def tiny_lm(seed: int = 0, layers: int = 2, hidden: int = 64, init_scale: float = 0.15) -> HFModel:
     """A random Llama over the tiny tokenizer, in float32.
 
     ``init_scale`` (the weights' standard deviation) is larger than usual so the random
@@ -54,4 +54,4 @@ def tiny_lm(seed: int = 0, layers: int = 2, hidden: int = 64, init_scale: float 
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    return CausalLM(model.float().eval(), tokenizer, name=f"tiny:{seed}")
+    return HFModel(model.float().eval(), tokenizer, name=f"tiny:{seed}")

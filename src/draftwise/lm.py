@@ -1,0 +1,115 @@
+"""The model seam: the one protocol the decode loop, targets, drafters, servers and bench see.
+
+A ``LanguageModel`` is one sequence of tokens with its KV cache over a set of weights. It
+feeds tokens and returns float32 scores, forgets its tail, and forks a new sequence over the
+same weights. Backends live behind it (``draftwise.backends.hf`` for transformers models,
+``draftwise.backends.llamacpp`` for GGUF files on llama.cpp's kernels); nothing above this
+seam imports a backend's libraries or reaches into a backend's objects.
+
+``prefill`` and ``sync`` are written once here, over the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text <-> token ids, as every backend provides it (transformers' tokenizers fit as they are).
+
+    ``encode`` recognises special tokens written in the text (``<|im_start|>``) and, with
+    ``add_special_tokens``, adds what the model adds on its own (a BOS token, for some).
+    """
+
+    chat_template: str | None
+    eos_token_id: int | None
+    pad_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], *, tokenize: bool = False,
+                            add_generation_prompt: bool = False) -> str: ...
+
+    def get_vocab(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """One sequence and its KV cache over a model's weights (batch size 1).
+
+    ``tokens`` mirrors what the cache holds, so callers can tell what still has to be fed.
+    """
+
+    name: str
+    backend: str  # "hf" or "llamacpp"
+    tokens: list[int]
+    tokenizer: Tokenizer | None
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of every score row ``forward`` returns (may exceed the tokenizer's vocabulary)."""
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Tokens that end a generation."""
+
+    @property
+    def max_context(self) -> int | None:
+        """Most positions one sequence may hold (prompt + generated), if known."""
+
+    @property
+    def dtype(self) -> str:
+        """The weights' format, for the user: ``float32``, ``bfloat16``, ``Q4_K_M``..."""
+
+    def forward(self, tokens: Sequence[int], last: int | None = None) -> torch.Tensor:
+        """Append ``tokens`` to the cache and return float32 scores ``[last or n, V]`` for the
+        final positions.
+
+        The result may be a view of the backend's own buffer: it is valid until the next
+        ``forward``, ``rollback`` or ``reset`` of this sequence. Copy what must outlive that.
+        """
+
+    def rollback(self, length: int) -> None:
+        """Forget every position from ``length`` on."""
+
+    def reset(self) -> None:
+        """Forget everything (an empty sequence)."""
+
+    def fork(self) -> LanguageModel:
+        """A new, empty sequence with a KV cache of its own over the same weights (no second
+        load); its tokenizer may be used from another thread."""
+
+
+def prefill(lm: LanguageModel, prompt: Sequence[int]) -> None:
+    """Start a new sequence: cache everything but the prompt's last token, which is fed with
+    the first block (its scores are what the first step needs)."""
+    lm.reset()
+    if len(prompt) > 1:
+        lm.forward(prompt[:-1], last=1)
+
+
+def sync(lm: LanguageModel, context: Sequence[int]) -> list[int]:
+    """Roll ``lm`` back to the longest cached prefix of ``context`` that leaves its last token
+    out, and return the tokens still to feed (never empty: the scores after the last token
+    are what every caller wants next).
+
+    Example: cached ``[5 8 2 9]``, context ``[5 8 3 1]``: roll back to ``[5 8]``, feed ``[3 1]``.
+    """
+    tokens = lm.tokens
+    keep = min(len(tokens), len(context) - 1)
+    if tokens[:keep] != list(context[:keep]):
+        keep = next(i for i, (a, b) in enumerate(zip(tokens, context)) if a != b)
+    if keep < len(tokens):
+        lm.rollback(keep)
+    return list(context[keep:])
+
+
+def describe(lm: Any) -> str:
+    """``name (backend, dtype)`` for messages."""
+    return f"{lm.name} ({lm.backend}, {lm.dtype})"
