@@ -1,6 +1,7 @@
 # Two entry points for a newcomer: `make run` (the main job on the default model pair) and
 # `make test` (the test suite). Both set themselves up: a virtual environment in .venv with
-# pinned versions (constraints.txt; torch is the CPU build).
+# pinned versions (constraints.txt; torch is the CPU build) and llama-cpp-python built from
+# source for this CPU (once: the wheel is cached, see scripts/install_llama_cpp.sh).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,11 +9,12 @@ PROMPT ?= Write a Python function that checks whether a number is prime.
 
 .PHONY: setup run test clean
 
-$(BIN)/draftwise: pyproject.toml constraints.txt
+$(BIN)/draftwise: pyproject.toml constraints.txt scripts/install_llama_cpp.sh
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt torch==2.13.0
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	scripts/install_llama_cpp.sh $(BIN)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,llamacpp]'
 	touch $@
 
 setup: $(BIN)/draftwise
