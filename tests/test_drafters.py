@@ -17,6 +17,7 @@ from draftwise import (
 )
 from draftwise.target import LocalTarget
 from draftwise.drafters import Proposal, build_drafter
+from draftwise.policies import Offer
 from draftwise.verify import Verdict
 
 
@@ -200,7 +201,10 @@ class _FixedModel(ModelDrafter):
     def start(self, prompt, config, generator) -> None:
         pass
 
-    def propose(self, context, k):
+    def offers(self, context) -> tuple[Offer, ...]:
+        return (Offer("model"),)
+
+    def propose(self, context, k, source=None):
         self.calls += 1
         return Proposal(tokens=torch.full((k,), 7, dtype=torch.long))
 
@@ -220,5 +224,5 @@ def test_hybrid_looks_up_repeats_of_three_tokens_and_asks_the_model_otherwise():
     assert isinstance(HybridDrafter(_FixedModel()), Drafter)
     assert _hybrid([1, 2, 3, 4, 5, 9, 1, 2, 3], 3) == ([4, 5, 9], 0)  # "1 2 3" seen before: free
     assert _hybrid([1, 2, 3, 4, 8, 2, 3], 3) == ([7, 7, 7], 1)  # only "2 3" repeats: too short
-    assert _hybrid([5, 5, 5, 5], 3) == ([7, 7, 7], 1)  # the match leaves one token of k = 3
-    assert _hybrid([5, 5, 5, 5], 1) == ([5], 0)  # ... which is all of k = 1
+    assert _hybrid([5, 5, 5, 5], 3) == ([7, 7, 7], 1)  # the match is continued by one token only
+    assert _hybrid([5, 5, 5, 5], 1) == ([7], 1)  # ... too little to displace the model, whatever k

@@ -26,6 +26,7 @@ from draftwise import (
 )
 from draftwise.drafters import EMPTY_PROPOSAL
 from draftwise.lm import sync
+from draftwise.policies import Offer
 from draftwise.stopping import TextStream
 from draftwise.target import LocalTarget, Verification
 from draftwise.backends.tiny import tiny_tokenizer
@@ -231,7 +232,10 @@ class OracleDrafter:
     def start(self, prompt, config, generator) -> None:
         self._prompt_len = len(prompt)
 
-    def propose(self, context, k: int) -> Proposal:
+    def offers(self, context) -> tuple[Offer, ...]:
+        return (Offer("oracle"),)
+
+    def propose(self, context, k: int, source: str | None = None) -> Proposal:
         done = len(context) - self._prompt_len
         block = self.script[done : done + k + self.extra]
         return Proposal(tokens=torch.tensor(block, dtype=torch.long)) if block else EMPTY_PROPOSAL

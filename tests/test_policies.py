@@ -5,33 +5,58 @@ from __future__ import annotations
 import pytest
 
 from draftwise import DraftConfig
-from draftwise.policies import CostAwareK, FixedK, HeuristicK, PassTimes, expected_speedup, make_policy
+from draftwise.policies import (
+    PLAIN,
+    Choice,
+    CostAwareK,
+    CostProfile,
+    FixedK,
+    HeuristicK,
+    Offer,
+    Outcome,
+    PassTimes,
+    expected_speedup,
+    make_policy,
+)
+
+
+MODEL = Offer("model")
+
+
+def step(k: int, proposed: int | None = None, accepted: int = 0, draft_s: float = 0.0, verify_s: float = 0.0,
+         offer: Offer = MODEL) -> Outcome:
+    """The outcome of a step that asked ``offer`` for ``k`` tokens (0: a plain step)."""
+    choice = Choice(offer, k) if k else PLAIN
+    return Outcome(choice, k if proposed is None else proposed, accepted, draft_s, verify_s)
 
 
 def test_fixed_never_changes():
     policy = FixedK(3)
-    policy.update(3, 3, 3, 0.1, 0.1)
-    policy.update(3, 3, 0, 0.1, 0.1)
-    assert policy.next_k() == 3
+    policy.update(step(3, accepted=3, draft_s=0.1, verify_s=0.1))
+    policy.update(step(3, accepted=0, draft_s=0.1, verify_s=0.1))
+    assert policy.choose([MODEL], 100) == Choice(MODEL, 3)
+    assert policy.choose([], 100) == PLAIN  # nothing offered (no n-gram match): a plain step
+    lookup = Offer("ngram", limit=2)
+    assert policy.choose([lookup, MODEL], 100) == Choice(lookup, 2)  # the first offer, cut to what it has
 
 
 def test_heuristic_plus_two_minus_one_within_bounds():
     policy = HeuristicK(5, k_max=10)
     seen = []
     for proposed, accepted in [(5, 5), (7, 7), (9, 9), (10, 3), (9, 0), (8, 7)]:
-        policy.update(policy.next_k(), proposed, accepted, 0.0, 0.0)
-        seen.append(policy.next_k())
+        policy.update(step(policy.choose([MODEL], 100).k, proposed, accepted))
+        seen.append(policy.choose([MODEL], 100).k)
     assert seen == [7, 9, 10, 9, 8, 7]
     for _ in range(20):
-        policy.update(policy.next_k(), 1, 0, 0.0, 0.0)
-    assert policy.next_k() == 1
+        policy.update(step(1, 1, 0))
+    assert policy.choose([MODEL], 100).k == 1
 
 
 def test_heuristic_ignores_empty_proposals_and_starts_at_least_at_one():
     policy = HeuristicK(0, k_max=4)
-    assert policy.next_k() == 1
-    policy.update(1, 0, 0, 0.0, 0.0)  # e.g. no n-gram match: nothing learnt
-    assert policy.next_k() == 1
+    assert policy.choose([MODEL], 100).k == 1
+    policy.update(step(1, 0, 0))  # e.g. no n-gram match: nothing learnt
+    assert policy.choose([MODEL], 100).k == 1
 
 
 @pytest.mark.parametrize(
@@ -50,20 +75,24 @@ def test_expected_speedup_closed_form(alpha, k, c, expected):
 
 
 def feed(policy: CostAwareK, steps: int, k: int, accepted: int, draft_token_s: float, verify_s: float,
-         plain_s: float | None = None) -> None:
+         plain_s: float | None = None, offer: Offer = MODEL) -> None:
     """``steps`` steps of draft length ``k``, after one plain step (``plain_s``, default
     ``verify_s``) the way the policy starts."""
-    policy.update(0, 0, 0, 0.0, verify_s if plain_s is None else plain_s)
+    policy.update(step(0, verify_s=verify_s if plain_s is None else plain_s))
     for _ in range(steps):
-        policy.update(k, k, accepted, draft_token_s * k, verify_s)
+        policy.update(step(k, k, accepted, draft_token_s * k, verify_s, offer))
+
+
+def next_k(policy: CostAwareK, offers=(MODEL,), remaining: int = 1000) -> int:
+    return policy.choose(list(offers), remaining).k
 
 
 def test_cost_starts_with_one_plain_step_then_the_configured_k():
     for k, first_draft in [(3, 3), (0, 1)]:
         policy = CostAwareK(DraftConfig(k=k, k_max=8))
-        assert policy.next_k() == 0  # measures what drafting has to beat
-        policy.update(0, 0, 0, 0.0, 0.3)
-        assert policy.next_k() == first_draft  # measures the draft's cost
+        assert next_k(policy) == 0  # measures what drafting has to beat
+        policy.update(step(0, verify_s=0.3))
+        assert next_k(policy) == first_draft  # measures the draft's cost
 
 
 def test_pass_times_interpolate_between_measured_sizes_and_extend_the_last_segment():
@@ -82,28 +111,28 @@ def test_cost_drafts_nothing_when_drafting_is_expensive_and_poor():
     policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
     feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
     assert policy.alpha < 0.2
-    assert policy.next_k() == 0
+    assert next_k(policy) == 0
 
 
 def test_cost_drafts_long_blocks_when_cheap_and_accurate():
     policy = CostAwareK(DraftConfig(k_max=12))
     feed(policy, 30, k=6, accepted=6, draft_token_s=0.01, verify_s=1.0)
     assert policy.alpha > 0.95
-    assert policy.next_k() == 12
+    assert next_k(policy) == 12
 
 
 def test_cost_picks_the_argmax_of_expected_tokens_per_second():
     policy = CostAwareK(DraftConfig(k_max=12))
     feed(policy, 30, k=4, accepted=2, draft_token_s=0.1, verify_s=1.0)
-    rates = {k: policy.tokens_per_second(k) for k in range(13)}
+    rates = {k: policy.rate(MODEL, k, 1000) for k in range(13)}
     assert rates[2] == pytest.approx(expected_speedup(policy.alpha, 2, 0.0) / (1.0 + 2 * 0.1))
-    assert 0 < policy.next_k() == max(rates, key=rates.get) < 12
+    assert 0 < next_k(policy) == max(rates, key=rates.get) < 12
 
 
 def test_cost_probes_again_after_idle_steps():
     policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
     feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    ks = [policy.next_k() for _ in range(9)]
+    ks = [next_k(policy) for _ in range(9)]
     assert ks[:3] == [0, 0, 0] and ks[3] >= 1
     assert ks[4:7] == [0, 0, 0] and ks[7] >= 1
 
@@ -111,19 +140,18 @@ def test_cost_probes_again_after_idle_steps():
 def test_cost_recovers_when_the_draft_becomes_good():
     policy = CostAwareK(DraftConfig(k_max=8, probe_every=2))
     feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    assert policy.next_k() == 0
+    assert next_k(policy) == 0
     feed(policy, 30, k=4, accepted=4, draft_token_s=0.02, verify_s=1.0)
-    assert policy.next_k() >= 4
+    assert next_k(policy) >= 4
 
 
 def test_cost_learns_timing_from_steps_without_proposals():
     policy = CostAwareK(DraftConfig(k=3))
-    policy.update(0, 0, 0, 0.0, 0.5)
+    policy.update(step(0, verify_s=0.5))
     assert policy.pass_times.at(1) == 0.5
-    assert policy.tokens_per_second(2) is None  # no draft timing yet
-    assert policy.next_k() == 3
+    assert next_k(policy) == 3  # the model's draft cost is unknown: tried once with k
     alpha = policy.alpha
-    policy.update(3, 0, 0, 0.0, 0.5)  # k asked, nothing proposed: acceptance unchanged
+    policy.update(step(3, 0, 0, 0.0, 0.5))  # k asked, nothing proposed: acceptance unchanged
     assert policy.alpha == alpha
 
 
@@ -144,14 +172,14 @@ def test_cost_accounts_for_verification_that_grows_with_the_block():
     flat = CostAwareK(DraftConfig(k=4, k_max=12, probe_every=1000))
     for proposed in [0, 4, 0, 8, 2, 12, 0, 6, 1, 4, 8, 3, 12]:
         accepted = 1 if proposed >= 12 else 0
-        growing.update(proposed, proposed, accepted, 1e-5 * proposed, _pass_seconds(proposed + 1))
-        flat.update(proposed, proposed, accepted, 1e-5 * proposed, 0.4)
+        growing.update(step(proposed, proposed, accepted, 1e-5 * proposed, _pass_seconds(proposed + 1)))
+        flat.update(step(proposed, proposed, accepted, 1e-5 * proposed, 0.4))
     assert growing.alpha < 0.25
-    assert growing.next_k() == 0
-    assert flat.next_k() >= 1
+    assert next_k(growing) == 0
+    assert next_k(flat) >= 1
 
 
-# Measured here (Qwen2.5-Coder-1.5B, packed float32): far from a line in the block size.
+# Measured (Qwen2.5-Coder-1.5B, hf backend, packed float32): far from a line in the block size.
 CPU_PASS = {1: 0.28, 2: 0.48, 4: 0.59, 6: 0.61, 9: 0.71, 13: 0.82}
 
 
@@ -170,11 +198,45 @@ def test_cost_settles_on_what_pays_with_a_measured_cpu_cost_curve(good_draft):
     policy = CostAwareK(DraftConfig(k=4, k_max=12, probe_every=1000))
     ks = []
     for _ in range(30):
-        k = policy.next_k()
+        k = next_k(policy)
         ks.append(k)
         accepted = k if good_draft else min(k, 1)
-        policy.update(k, k, accepted, 0.06 * k, _cpu_pass(k + 1))
+        policy.update(step(k, k, accepted, 0.06 * k, _cpu_pass(k + 1)))
     if good_draft:
         assert min(ks[-10:]) >= 4
     else:
         assert ks[-10:] == [0] * 10
+
+
+def test_cost_takes_free_lookups_where_the_draft_model_does_not_pay():
+    # The draft model costs 0.6 of a target pass per token and gets one token of each block
+    # right (alpha 0.5); the n-gram continuation is free and always right: the lookup wins
+    # when offered, and without it plain decoding beats the model.
+    policy = CostAwareK(DraftConfig(k=4, k_max=8, probe_every=1000))
+    lookup = Offer("ngram", limit=6, key="ngram:3", cost_hint=0.0)
+    feed(policy, 20, k=3, accepted=1, draft_token_s=0.6, verify_s=1.0)
+    for _ in range(20):
+        policy.update(step(4, 4, 4, 1e-4, 1.1, lookup))
+    assert policy.alpha_of("model") < 0.55 and policy.alpha_of("ngram:3") > 0.9
+    assert policy.choose([lookup, MODEL], 1000).source == "ngram"
+    assert policy.choose([MODEL], 1000) == PLAIN  # no match this step: plain beats the model
+
+
+def test_cost_does_not_prefill_a_draft_model_for_a_long_prompt_just_to_try_it():
+    # A lazy draft model 2,000 tokens behind, 128 tokens to generate: catching up would cost
+    # more than the few steps' worth the policy may spend on finding out what a source is
+    # worth, and more than drafting could win back.
+    policy = CostAwareK(DraftConfig(k=4, k_max=8))
+    policy.update(step(0, verify_s=0.1))
+    assert policy.choose([Offer("model", behind=2000)], 128) == PLAIN
+    assert policy.choose([Offer("model", behind=20)], 128).k == 4  # a short prompt: tried
+
+
+def test_cost_profile_carries_costs_and_acceptance_to_the_next_generation():
+    profile = CostProfile()
+    first = CostAwareK(DraftConfig(k=4, k_max=8, probe_every=1000), profile)
+    feed(first, 20, k=4, accepted=4, draft_token_s=0.01, verify_s=0.2)
+    second = CostAwareK(DraftConfig(k=4, k_max=8, probe_every=1000), profile)
+    assert second.pass_times.at(1) == first.pass_times.at(1)
+    assert second.alpha_of("model") > 0.9  # the first generation's acceptance is the prior
+    assert next_k(second) >= 4  # no plain step, no exploration: both were measured before

@@ -1,11 +1,14 @@
 """Drafters: cheap proposers of the next few tokens.
 
 Every drafter speaks the same protocol, so the decode loop never asks which one it has:
-``start`` once per sequence, ``propose`` a block, ``observe`` the verdict.
+``start`` once per sequence, ``offers`` what each of its sources could propose now (a draft
+policy picks one, see ``draftwise.policies``), ``propose`` a block from the chosen source,
+``observe`` the verdict.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -13,8 +16,12 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from draftwise.config import DrafterKind, GenerationConfig
-from draftwise.lm import LanguageModel, prefill, sync
+from draftwise.lm import LanguageModel, sync
+from draftwise.policies import Offer
 from draftwise.verify import Verdict, logits_to_probs, sample
+
+MODEL = "model"
+NGRAM = "ngram"
 
 
 @dataclass(frozen=True)
@@ -23,10 +30,15 @@ class Proposal:
 
     ``probs`` holds the draft distribution ``q`` at each position (what the rejection rule
     needs); ``None`` means the drafter is deterministic (a point mass on each token).
+    ``catchup_seconds`` is time spent feeding context the drafter had not seen (a draft
+    model's lazy prefill), counted apart from drafting itself.
     """
 
     tokens: torch.Tensor  # [k] long
     probs: torch.Tensor | None = None  # [k, V] float32 or None
+    source: str | None = None
+    catchup_seconds: float = 0.0
+    catchup_tokens: int = 0
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -46,10 +58,14 @@ class Drafter(Protocol):
     """The one interface every drafter implements."""
 
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
-        """Begin a new sequence (e.g. prefill a draft model's cache)."""
+        """Begin a new sequence."""
 
-    def propose(self, context: Sequence[int], k: int) -> Proposal:
-        """Propose up to ``k`` tokens to follow ``context`` (the committed tokens so far)."""
+    def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
+        """What each source could propose after ``context``, preferred first (cheap: no model pass)."""
+
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+        """Propose up to ``k`` tokens to follow ``context`` (the committed tokens so far),
+        from ``source`` (default: the preferred one)."""
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         """Learn the verdict on the last proposal; ``context`` is the committed sequence after it."""
@@ -58,10 +74,15 @@ class Drafter(Protocol):
 class ModelDrafter:
     """A smaller LM sharing the target's tokenizer drafts autoregressively.
 
+    Its prefill is lazy: the prompt is fed on the first proposal, so a generation whose
+    policy never finds model drafting worth it never pays for the draft model at all.
+
     Confidence early stop: once the draft's top-1 probability at a position falls below
     ``confidence_threshold``, that token is still proposed (its cost is already paid and the
     target checks it for free within the same pass) but no further token is drafted.
     """
+
+    CATCHUP = 8  # more unfed context tokens than this are fed as a catch-up of their own
 
     def __init__(self, lm: LanguageModel) -> None:
         self.lm = lm
@@ -71,9 +92,22 @@ class ModelDrafter:
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         self._config = config
         self._generator = generator
-        prefill(self.lm, prompt)
+        self.lm.reset()
 
-    def propose(self, context: Sequence[int], k: int) -> Proposal:
+    def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
+        return (Offer(MODEL, behind=max(0, len(context) - 1 - len(self.lm.tokens))),)
+
+    def _catch_up(self, context: Sequence[int]) -> tuple[list[int], float, int]:
+        """Sync the cache with ``context``; feed a long gap now, as a prefill. Returns what
+        is left to feed with the first draft step, the catch-up's seconds and tokens."""
+        feed = sync(self.lm, context)
+        if len(feed) <= self.CATCHUP:
+            return feed, 0.0, 0
+        started = time.perf_counter()
+        self.lm.forward(feed[:-1], last=1)
+        return feed[-1:], time.perf_counter() - started, len(feed) - 1
+
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
         if k <= 0:
             return EMPTY_PROPOSAL
         sampling = self._config.sampling
@@ -83,31 +117,31 @@ class ModelDrafter:
         top_k, top_n = sampling.top_k, self._config.draft.proposal_top
         if top_n and not sampling.greedy:
             top_k = min(top_k or top_n, top_n)
-        feed = sync(self.lm, context)
+        feed, catchup_seconds, catchup_tokens = self._catch_up(context)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for _ in range(k):
             logits = self.lm.forward(feed, last=1)  # [1, V]
             q = logits_to_probs(logits, sampling.temperature, top_k, sampling.top_p)[0]
-            if sampling.greedy:
-                token = int(logits[0].argmax())
-            else:
-                token = sample(q, self._generator)
+            token = int(logits[0].argmax()) if sampling.greedy else sample(q, self._generator)
             tokens.append(token)
             rows.append(q)
             if threshold > 0 and float(q.max()) < threshold:
                 break
             feed = [token]
-        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), probs=torch.stack(rows))
+        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), probs=torch.stack(rows), source=MODEL,
+                        catchup_seconds=catchup_seconds, catchup_tokens=catchup_tokens)
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         # Drop rejected draft tokens now so the cache never holds more than it must.
-        sync(self.lm, context)
+        if self.lm.tokens:
+            sync(self.lm, context)
 
 
 class NGramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the context's last ``n`` tokens
     and propose what followed it, trying ``n`` from ``ngram_max`` down to ``ngram_min``.
+    The context is the prompt and everything generated so far.
 
     An index from each n-gram to the latest position where it ended is kept up to date
     incrementally, so a lookup costs O(1) rather than a scan of the context.
@@ -138,37 +172,51 @@ class NGramDrafter:
                     table[tuple(context[end + 1 - n : end + 1])] = end
         self._indexed = max(self._indexed, len(context) - 1)
 
-    def propose(self, context: Sequence[int], k: int) -> Proposal:
-        if k <= 0 or not context:
-            return EMPTY_PROPOSAL
+    def lookup(self, context: Sequence[int]) -> tuple[int, int]:
+        """(n, end): the longest matched suffix length and where its earlier occurrence
+        ended; (0, -1) without a match."""
+        if not context:
+            return 0, -1
         self._extend_index(context)
         for n in sorted(self._index, reverse=True):
-            if n > len(context):
-                continue
-            end = self._index[n].get(tuple(context[len(context) - n :]))
-            if end is not None:
-                follow = list(context[end + 1 : end + 1 + k])
-                return Proposal(tokens=torch.tensor(follow, dtype=torch.long))
-        return EMPTY_PROPOSAL
+            if n <= len(context):
+                end = self._index[n].get(tuple(context[len(context) - n :]))
+                if end is not None:
+                    return n, end
+        return 0, -1
+
+    def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
+        n, end = self.lookup(context)
+        if n == 0:
+            return ()
+        # Statistics per match length: 1, 2, 3 and longer.
+        return (Offer(NGRAM, limit=len(context) - end - 1, key=f"{NGRAM}:{min(n, 3)}", cost_hint=0.0),)
+
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+        if k <= 0:
+            return EMPTY_PROPOSAL
+        n, end = self.lookup(context)
+        if n == 0:
+            return EMPTY_PROPOSAL
+        follow = list(context[end + 1 : end + 1 + k])
+        return Proposal(tokens=torch.tensor(follow, dtype=torch.long), source=NGRAM)
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
-        """Nothing to learn: the index catches up with the context on the next proposal."""
+        """Nothing to learn: the index catches up with the context on the next lookup."""
 
 
 class HybridDrafter:
     """Prompt lookup where the context repeats itself, the draft model everywhere else.
 
-    Each step asks the n-gram drafter first, with suffixes of at least ``min_n`` tokens
-    (a one-token match is too often wrong to displace a real draft): a match costs nothing
-    and, where the output copies its context (summaries, answers quoting a document, a second
-    turn reusing the first), it is usually right for many tokens. With no match, or one that
-    would propose fewer than two tokens, the draft model proposes. Both observe every
-    verdict; the draft model's cache catches up with tokens it did not draft when it is next
-    asked (``draftwise.lm.sync``).
+    It offers both sources each step, n-gram lookup first when it found a suffix of at least
+    ``min_n`` tokens continued by two or more (a one-token match is too often wrong to
+    displace a real draft). A fixed or heuristic policy takes the first offer; the cost
+    policy weighs both against plain decoding. Both observe every verdict; the draft model's
+    cache catches up with tokens it did not draft when it is next asked.
 
     Example: context ``[5 8 2 9 4 1 ... 5 8 2]`` with ``k = 3``: the suffix ``5 8 2`` occurred
-    before, so ``[9 4 1]`` comes from the context for free; had only ``8 2`` repeated, the
-    draft model would draft.
+    before, so ``[9 4 1]`` is offered from the context for free; had only ``8 2`` repeated,
+    the draft model's offer would come first.
     """
 
     def __init__(self, model: ModelDrafter, min_n: int = 3) -> None:
@@ -179,11 +227,14 @@ class HybridDrafter:
         self.model.start(prompt, config, generator)
         self.ngram.start(prompt, config, generator)
 
-    def propose(self, context: Sequence[int], k: int) -> Proposal:
-        lookup = self.ngram.propose(context, k)
-        if len(lookup) >= min(k, 2):
-            return lookup
-        return self.model.propose(context, k)
+    def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
+        lookup = tuple(o for o in self.ngram.offers(context) if (o.limit or 0) >= 2)
+        return lookup + self.model.offers(context)
+
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+        if source is None:
+            source = self.offers(context)[0].source
+        return (self.ngram if source == NGRAM else self.model).propose(context, k)
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         self.model.observe(context, verdict)
@@ -192,7 +243,7 @@ class HybridDrafter:
 
 def build_drafter(kind: DrafterKind, draft: LanguageModel | None) -> Drafter:
     """The drafter called ``kind``, drafting with ``draft`` where it needs a model."""
-    if kind == "ngram":
+    if kind == NGRAM:
         return NGramDrafter()
     if draft is None:
         raise ValueError(f"drafter {kind!r} needs a draft model")

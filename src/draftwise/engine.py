@@ -19,7 +19,7 @@ from draftwise.drafters import EMPTY_PROPOSAL, Drafter, ModelDrafter, Proposal
 from draftwise.events import StepEvent
 from draftwise.metrics import GenerationMetrics
 from draftwise.lm import LanguageModel
-from draftwise.policies import DraftLengthPolicy, FixedK, make_policy
+from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy
 from draftwise.stopping import TextStream, first_eos
 from draftwise.target import LocalTarget, Target, Verification
 from draftwise.verify import TokenSource, Verdict
@@ -49,7 +49,7 @@ class _Run:
     """Bookkeeping of one generation: context, budget, stops, timings."""
 
     def __init__(self, prompt: list[int], config: GenerationConfig, eos_ids: tuple[int, ...], tokenizer: Any,
-                 policy: DraftLengthPolicy) -> None:
+                 policy: DraftPolicy) -> None:
         self.config = config
         self.context = list(prompt)
         self.prompt_len = len(prompt)
@@ -63,6 +63,10 @@ class _Run:
     @property
     def generated(self) -> int:
         return len(self.context) - self.prompt_len
+
+    @property
+    def remaining(self) -> int:
+        return self.config.max_new_tokens - self.generated
 
     def truncate(self, tokens: list[int]) -> tuple[list[int], str, str | None]:
         """Cut a step's tokens at the first stop; return (kept tokens, new text, finish reason)."""
@@ -82,7 +86,7 @@ class _Run:
                 text += self.text.flush()
         return tokens, text, reason
 
-    def commit(self, k: int, proposal: Proposal, check: Verification, draft_seconds: float,
+    def commit(self, choice: Choice, proposal: Proposal, check: Verification, draft_seconds: float,
                verify_seconds: float, step_started: float,
                observe: Callable[[list[int], Verdict], None] | None = None) -> StepEvent:
         verdict = check.verdict
@@ -93,10 +97,13 @@ class _Run:
         self.finished = reason is not None
         if observe is not None and not self.finished:
             observe(self.context, verdict)  # before the step's clock stops: it is loop work too
-        self.policy.update(k, len(proposal), verdict.n_accepted, draft_seconds, verify_seconds)
+        self.policy.update(Outcome(choice, len(proposal), verdict.n_accepted,
+                                   draft_seconds - proposal.catchup_seconds, verify_seconds,
+                                   proposal.catchup_seconds, proposal.catchup_tokens))
         event = StepEvent(
             step=self.step,
-            k=k,
+            k=choice.k,
+            source=proposal.source,
             proposed=proposal.tokens.tolist(),
             draft_probs=proposal.token_probs(),
             target_probs=check.target_token_probs,
@@ -129,12 +136,18 @@ def seeded_generators(seed: int | None) -> tuple[torch.Generator | None, torch.G
 
 
 class SpeculativeEngine:
-    """Speculative decoding with any ``Target`` and any ``Drafter`` (or none)."""
+    """Speculative decoding with any ``Target`` and any ``Drafter`` (or none).
 
-    def __init__(self, target: Target, drafter: Drafter | None = None, tokenizer: Any = None) -> None:
+    ``profile`` holds what drafting costs with these models on this machine, learnt as steps
+    run; it carries over from one generation to the next (pass one in to share it).
+    """
+
+    def __init__(self, target: Target, drafter: Drafter | None = None, tokenizer: Any = None,
+                 profile: CostProfile | None = None) -> None:
         self.target = target
         self.drafter = drafter
         self.tokenizer = tokenizer
+        self.profile = profile or CostProfile()
 
     @classmethod
     def from_models(cls, target: LanguageModel, draft: LanguageModel | Drafter | None = None) -> SpeculativeEngine:
@@ -155,7 +168,7 @@ class SpeculativeEngine:
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StepEvent]:
         """Generate, yielding one event per target pass."""
         config = config or GenerationConfig()
-        policy = make_policy(config.draft) if self.drafter is not None else FixedK(0)
+        policy = make_policy(config.draft, self.profile) if self.drafter is not None else FixedK(0)
         run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy)
         target_generator, drafter_generator = seeded_generators(config.sampling.seed)
 
@@ -168,17 +181,22 @@ class SpeculativeEngine:
 
         while not run.finished:
             step_started = time.perf_counter()
-            # 2. Choose the draft length; never draft past the token budget.
-            k = min(policy.next_k(), config.max_new_tokens - run.generated - 1)
+            # 2. Choose what to draft: a source the drafter offers and a length, or nothing;
+            #    never past the token budget.
+            offers = self.drafter.offers(run.context) if self.drafter is not None else ()
+            choice = policy.choose(offers, run.remaining)
+            choice = Choice(choice.offer, min(choice.k, run.remaining - 1)) if choice.k else PLAIN
             # 3. Draft.
-            proposal = self.drafter.propose(run.context, k) if self.drafter is not None and k > 0 else EMPTY_PROPOSAL
+            proposal = (self.drafter.propose(run.context, choice.k, choice.source)
+                        if self.drafter is not None and choice.k > 0 else EMPTY_PROPOSAL)
             drafted = time.perf_counter()
             # 4. Verify the whole block in one target pass.
             check = self.target.verify(run.context, proposal)
             verified = time.perf_counter()
             # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
             observe = self.drafter.observe if self.drafter is not None else None
-            event = run.commit(k, proposal, check, drafted - step_started, verified - drafted, step_started, observe)
+            event = run.commit(choice, proposal, check, drafted - step_started, verified - drafted, step_started,
+                               observe)
             # 6. Hand the step to the consumer.
             yield event
 

@@ -15,6 +15,7 @@ from draftwise.verify import TokenSource
 class StepEvent:
     step: int  # 0-based index of the target pass
     k: int  # draft length the policy asked for
+    source: str | None  # the drafter's source that proposed ("model", "ngram"); None = nothing drafted
     proposed: list[int]  # draft tokens proposed (may be fewer than k)
     draft_probs: list[float]  # q(x_i) of each proposed token (1.0 for deterministic drafters)
     target_probs: list[float]  # p(x_i) of each proposed token under the target

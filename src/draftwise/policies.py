@@ -1,28 +1,98 @@
-"""Draft-length policies: how many tokens to draft in the next step."""
+"""Draft policies: which source drafts in the next step, and how many tokens.
+
+Each step the drafter says what each of its sources could propose (``Offer``: the model
+drafter, n-gram lookup, ...), and the policy picks one of them with a draft length, or
+plain decoding (``PLAIN``). After the step it learns what the step did and cost
+(``Outcome``). The decode loop never asks which drafter or policy it has.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from draftwise.config import DraftConfig
 
 
-class DraftLengthPolicy(Protocol):
-    def next_k(self) -> int:
-        """Draft length for the next step (0 = plain decoding for this step)."""
+@dataclass(frozen=True)
+class Offer:
+    """What one source of a drafter could propose for the next step.
 
-    def update(self, k: int, n_proposed: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """Feed back what the last step did and cost."""
+    ``limit`` is the most tokens it has (an n-gram continuation found in the context), None
+    for as many as asked. ``behind`` counts context tokens the source must feed before it can
+    draft (a draft model that skipped the prompt, or steps it sat out): a cost paid once.
+    ``key`` names the acceptance statistics the source's proposals share (n-gram lookups
+    keep one per match length: a 3-token match is right far more often than a 1-token one).
+    ``cost_hint`` guesses a draft token's cost as a share of one plain target pass, until
+    the source's own cost is measured.
+    """
+
+    source: str
+    limit: int | None = None
+    behind: int = 0
+    key: str = ""
+    cost_hint: float = 0.5
+
+    @property
+    def stats_key(self) -> str:
+        return self.key or self.source
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Draft ``k`` tokens from ``offer`` (None with ``k == 0``: plain decoding)."""
+
+    offer: Offer | None
+    k: int
+
+    @property
+    def source(self) -> str | None:
+        return self.offer.source if self.offer is not None else None
+
+
+PLAIN = Choice(None, 0)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a step did and cost, as the policy learns it."""
+
+    choice: Choice
+    n_proposed: int
+    n_accepted: int
+    draft_seconds: float  # drafting only: catching up on missed context is ``catchup_seconds``
+    verify_seconds: float
+    catchup_seconds: float = 0.0
+    catchup_tokens: int = 0
+
+
+class DraftPolicy(Protocol):
+    def choose(self, offers: Sequence[Offer], remaining: int) -> Choice:
+        """What to draft next; ``remaining`` tokens are left in the budget."""
+
+    def update(self, outcome: Outcome) -> None:
+        """Learn what the last step did and cost."""
+
+
+def _first(offers: Sequence[Offer], k: int) -> Choice:
+    """The drafter's preferred offer (its first), ``k`` tokens at most."""
+    if not offers or k <= 0:
+        return PLAIN
+    offer = offers[0]
+    return Choice(offer, k if offer.limit is None else min(k, offer.limit))
 
 
 class FixedK:
+    """Always ``k`` tokens from the drafter's preferred source."""
+
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def next_k(self) -> int:
-        return self.k
+    def choose(self, offers: Sequence[Offer], remaining: int) -> Choice:
+        return _first(offers, self.k)
 
-    def update(self, k: int, n_proposed: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def update(self, outcome: Outcome) -> None:
         pass
 
 
@@ -33,30 +103,38 @@ class HeuristicK:
         self.k = max(1, k)
         self.k_max = k_max
 
-    def next_k(self) -> int:
-        return self.k
+    def choose(self, offers: Sequence[Offer], remaining: int) -> Choice:
+        return _first(offers, self.k)
 
-    def update(self, k: int, n_proposed: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        if n_proposed == 0:  # nothing was proposed (e.g. no n-gram match): nothing learnt
+    def update(self, outcome: Outcome) -> None:
+        if outcome.n_proposed == 0:  # nothing was proposed (e.g. no n-gram match): nothing learnt
             return
-        self.k = min(self.k_max, self.k + 2) if n_accepted == n_proposed else max(1, self.k - 1)
+        full = outcome.n_accepted == outcome.n_proposed
+        self.k = min(self.k_max, self.k + 2) if full else max(1, self.k - 1)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a step emits on average when it drafts ``k`` and each draft token is accepted
+    with probability ``alpha`` (until the first rejection), plus the target's own token."""
+    if k == 0:
+        return 1.0
+    alpha = min(alpha, 0.999)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     """Expected tokens per unit of plain-decoding time for draft length ``k``.
 
-    With per-token acceptance ``alpha`` a step emits ``(1 - alpha^(k+1)) / (1 - alpha)``
-    tokens on average and costs ``1 + k c`` target passes' worth of time, where ``c`` is
-    the cost of one draft token relative to one target pass (Leviathan et al. 2023).
+    A step emits ``expected_tokens(alpha, k)`` tokens and costs ``1 + k c`` target passes'
+    worth of time, where ``c`` is the cost of one draft token relative to one target pass
+    (Leviathan et al. 2023).
 
     Example: alpha = 0.8, k = 4, c = 0.1 -> 3.36 tokens / 1.4 = 2.40x; with c = 0.43
     the same k gives only 1.21x.
     """
     if k == 0:
         return 1.0
-    alpha = min(alpha, 0.999)
-    tokens = (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-    return tokens / (1.0 + k * cost_ratio)
+    return expected_tokens(alpha, k) / (1.0 + k * cost_ratio)
 
 
 class PassTimes:
@@ -66,9 +144,10 @@ class PassTimes:
     between its measured neighbours; beyond the largest measured size, the line through the
     two largest continues (flat while only one size is known); below the smallest, the
     smallest's time stands. No global line is fitted on purpose: on a CPU the cost is far
-    from linear (Qwen2.5-Coder-1.5B, float32 packed for one row: 280, 482, 589, 612, 714 ms
-    for 1, 2, 4, 6, 9 tokens), and a line through the 2- to 6-token passes puts a one-token
-    pass at 430 to 550 ms, making plain decoding look slower than it is.
+    from linear in the block size (kernels change with the number of rows; llama.cpp's
+    quantized products run rows in groups of four, so a 4-token pass can cost less than a
+    3-token one), and a line through the multi-token passes misprices the one-token pass
+    that plain decoding is made of.
 
     Example: measured {1: 0.28, 6: 0.61} -> at(3) = 0.28 + 2/5 * 0.33 = 0.412, at(9) = 0.808.
     """
@@ -105,19 +184,54 @@ class PassTimes:
         return self._mean[lo] + slope * (tokens - lo)
 
 
-class CostAwareK:
-    """Pick the k that maximises expected tokens/s from measured acceptance and timings.
+def _decayed(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
 
-    Acceptance ``alpha`` is estimated as accepted / (accepted + rejections) with exponential
-    forgetting (the maximum-likelihood estimate when each draft token is accepted
-    independently with probability alpha). A step that drafts k tokens is expected to emit
-    ``(1 - alpha^(k+1)) / (1 - alpha)`` tokens and to take ``k t_draft + t_verify(k+1)``,
-    where ``t_draft`` is the measured time of one draft token and ``t_verify`` the measured
-    time of a target pass by block size (``PassTimes``); plain decoding emits one token in
-    ``t_verify(1)``. The policy starts with one plain step (to measure ``t_verify(1)``
-    directly) and one step of the configured k, then picks the best k each step. When no
-    k >= 1 beats plain decoding it drafts nothing, and every ``probe_every`` such steps it
-    drafts once to re-measure.
+
+@dataclass
+class CostProfile:
+    """What drafting costs with one target and drafter on one machine, learnt as steps run.
+
+    It outlives a generation (an engine keeps one), so the second request of a server, or
+    the second prompt of a bench run, starts from what the first measured. Acceptance is
+    kept too, per statistics key, as the prior of the next generation.
+    """
+
+    pass_times: PassTimes = field(default_factory=PassTimes)
+    draft_token_seconds: dict[str, float] = field(default_factory=dict)  # per source
+    catchup_token_seconds: dict[str, float] = field(default_factory=dict)  # per source
+    acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)  # key -> (accepted, rejected)
+
+    def learn(self, outcome: Outcome) -> None:
+        self.pass_times.add(outcome.n_proposed + 1, outcome.verify_seconds)
+        source = outcome.choice.source
+        if source is None or outcome.n_proposed == 0:
+            return
+        self.draft_token_seconds[source] = _decayed(self.draft_token_seconds.get(source),
+                                                    outcome.draft_seconds / outcome.n_proposed)
+        if outcome.catchup_tokens:
+            self.catchup_token_seconds[source] = _decayed(self.catchup_token_seconds.get(source),
+                                                          outcome.catchup_seconds / outcome.catchup_tokens)
+
+
+class CostAwareK:
+    """Pick the offer and draft length with the most expected tokens per second, or none.
+
+    Acceptance ``alpha`` is estimated per statistics key as accepted / (accepted +
+    rejections) with exponential forgetting (the maximum-likelihood estimate when each draft
+    token is accepted independently with probability alpha). Drafting ``k`` tokens from an
+    offer is expected to emit ``expected_tokens(alpha, k)`` tokens and to take
+    ``k t_draft + t_verify(k + 1)``, plus the offer's catch-up (``behind`` tokens fed at the
+    measured catch-up rate) spread over the steps left in the budget; plain decoding emits
+    one token in ``t_verify(1)``. ``t_draft`` per source and ``t_verify`` per block size
+    (``PassTimes``) are measured and kept in a ``CostProfile`` across generations.
+
+    Until the profile knows a plain pass, the policy decodes plainly (to measure what
+    drafting must beat). A source whose draft cost is unknown is tried once with the
+    configured k, if its catch-up would cost no more than a few plain steps (a draft model
+    that has not read a long prompt is not worth a prefill just to find out); until then its
+    ``cost_hint`` prices it. When no offer beats plain decoding the policy drafts nothing,
+    and every ``probe_every`` such steps it drafts once with the best offer to re-measure.
 
     Example: t_verify = 0.28 s for 1 token and 0.54 s for 3, t_draft = 0.06 s, alpha = 0.6:
     k = 2 gives 1.96 tokens / 0.66 s = 2.97 tokens/s, below plain decoding's 3.57, so the
@@ -125,63 +239,114 @@ class CostAwareK:
     """
 
     DECAY = 0.9
+    PRIOR = (2.1, 0.9)  # alpha = 0.7, worth three tokens, until evidence says otherwise
+    # Catch-up runs as a prefill, many tokens per pass: a token of it costs a small share of
+    # a one-token plain pass (until measured).
+    CATCHUP_GUESS = 0.05
+    EXPLORE_STEPS = 8.0  # most plain passes' worth of catch-up spent to try a source once
 
-    def __init__(self, config: DraftConfig) -> None:
+    def __init__(self, config: DraftConfig, profile: CostProfile | None = None) -> None:
         self.k_max = config.k_max
         self.k_start = max(1, min(config.k, config.k_max))
         self.probe_every = config.probe_every
-        # Prior worth a few tokens: alpha = 0.7 until evidence says otherwise.
-        self._accepted = 2.1
-        self._rejected = 0.9
-        self._draft_token_seconds: float | None = None
-        self.pass_times = PassTimes()
+        self.profile = profile or CostProfile()
+        self._counts = {key: _prior(counts) for key, counts in self.profile.acceptance.items()}
         self._idle_steps = 0
 
     @property
+    def pass_times(self) -> PassTimes:
+        return self.profile.pass_times
+
+    def alpha_of(self, key: str) -> float:
+        accepted, rejected = self._counts.get(key, self.PRIOR)
+        return accepted / (accepted + rejected)
+
+    @property
     def alpha(self) -> float:
-        return self._accepted / (self._accepted + self._rejected)
+        """Acceptance of the most used key (the only one for single-source drafters)."""
+        if not self._counts:
+            return self.alpha_of("")
+        return self.alpha_of(max(self._counts, key=lambda key: sum(self._counts[key])))
 
-    def tokens_per_second(self, k: int) -> float | None:
-        """Expected rate of steps that draft ``k`` tokens; None until measured enough."""
+    def rate(self, offer: Offer | None, k: int, remaining: int) -> float | None:
+        """Expected tokens per second of drafting ``k`` from ``offer`` (plain for k == 0);
+        None until the costs involved are measured."""
         verify = self.pass_times.at(k + 1)
-        if verify is None or (k > 0 and self._draft_token_seconds is None):
+        if verify is None:
             return None
-        seconds = verify + k * (self._draft_token_seconds or 0.0)
-        return expected_speedup(self.alpha, k, 0.0) / seconds if seconds > 0 else None
+        if offer is None or k == 0:
+            return 1.0 / verify if verify > 0 else None
+        plain = self.pass_times.at(1) or verify
+        draft = self.profile.draft_token_seconds.get(offer.source, offer.cost_hint * plain)
+        tokens = expected_tokens(self.alpha_of(offer.stats_key), k)
+        steps_left = max(1.0, remaining / tokens)
+        seconds = verify + k * draft + self._catchup_seconds(offer) / steps_left
+        return tokens / seconds if seconds > 0 else None
 
-    def best_k(self, minimum: int = 0) -> int:
-        if not self.pass_times.known(1):
-            return max(minimum, 0)  # one plain step first: it measures what drafting must beat
-        if self._draft_token_seconds is None:
-            return self.k_start
-        return max(range(minimum, self.k_max + 1), key=lambda k: self.tokens_per_second(k) or 0.0)
+    def _catchup_seconds(self, offer: Offer) -> float:
+        per_token = self.profile.catchup_token_seconds.get(offer.source)
+        if per_token is None:
+            per_token = self.CATCHUP_GUESS * (self.pass_times.at(1) or 0.0)
+        return offer.behind * per_token
 
-    def next_k(self) -> int:
-        k = self.best_k()
-        if k > 0 or not self.pass_times.known(1):
+    def _exploration(self, offers: Sequence[Offer]) -> Choice | None:
+        """An offer from a source never measured, if trying it is cheap enough."""
+        budget = self.EXPLORE_STEPS * (self.pass_times.at(1) or 0.0)
+        for offer in offers:
+            if offer.source not in self.profile.draft_token_seconds and self._catchup_seconds(offer) <= budget:
+                return Choice(offer, self.k_start if offer.limit is None else min(self.k_start, offer.limit))
+        return None
+
+    def _best(self, offers: Sequence[Offer], remaining: int) -> tuple[Choice, float]:
+        """The drafting choice with the best expected rate (``PLAIN`` if none is priced)."""
+        best, best_rate = PLAIN, 0.0
+        for offer in offers:
+            top = self.k_max if offer.limit is None else min(self.k_max, offer.limit)
+            for k in range(1, top + 1):
+                rate = self.rate(offer, k, remaining)
+                if rate is not None and rate > best_rate:
+                    best, best_rate = Choice(offer, k), rate
+        return best, best_rate
+
+    def choose(self, offers: Sequence[Offer], remaining: int) -> Choice:
+        if not self.pass_times.known(1) or not offers:
+            return PLAIN  # one plain step first: it measures what drafting has to beat
+        explore = self._exploration(offers)
+        if explore is not None:
+            return explore
+        best, rate = self._best(offers, remaining)
+        if rate > (self.rate(None, 0, remaining) or 0.0):
             self._idle_steps = 0
-            return k
+            return best
         self._idle_steps += 1
-        if self._idle_steps >= self.probe_every:
+        if self._idle_steps >= self.probe_every and best is not PLAIN:
             self._idle_steps = 0
-            return self.best_k(minimum=1)
-        return 0
+            return best
+        return PLAIN
 
-    def update(self, k: int, n_proposed: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        self.pass_times.add(n_proposed + 1, verify_seconds)
-        if n_proposed == 0:
+    def update(self, outcome: Outcome) -> None:
+        self.profile.learn(outcome)
+        if outcome.choice.offer is None or outcome.n_proposed == 0:
             return
-        per_token = draft_seconds / n_proposed
-        self._draft_token_seconds = (
-            per_token if self._draft_token_seconds is None else 0.7 * self._draft_token_seconds + 0.3 * per_token
-        )
-        self._accepted = self.DECAY * self._accepted + n_accepted
-        self._rejected = self.DECAY * self._rejected + (1 if n_accepted < n_proposed else 0)
+        key = outcome.choice.offer.stats_key
+        accepted, rejected = self._counts.get(key, self.PRIOR)
+        rejection = 1 if outcome.n_accepted < outcome.n_proposed else 0
+        counts = (self.DECAY * accepted + outcome.n_accepted, self.DECAY * rejected + rejection)
+        self._counts[key] = counts
+        self.profile.acceptance[key] = counts
 
 
-def make_policy(config: DraftConfig) -> DraftLengthPolicy:
+def _prior(counts: tuple[float, float]) -> tuple[float, float]:
+    """A previous generation's acceptance, scaled to the weight of the default prior."""
+    accepted, rejected = counts
+    total = accepted + rejected
+    weight = sum(CostAwareK.PRIOR)
+    return (weight * accepted / total, weight * rejected / total) if total > 0 else CostAwareK.PRIOR
+
+
+def make_policy(config: DraftConfig, profile: CostProfile | None = None) -> DraftPolicy:
     if config.k_policy == "fixed":
         return FixedK(config.k)
     if config.k_policy == "heuristic":
         return HeuristicK(config.k, config.k_max)
-    return CostAwareK(config)
+    return CostAwareK(config, profile)

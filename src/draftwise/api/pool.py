@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from draftwise.api.monitoring import ServerMetrics
@@ -26,6 +26,7 @@ from draftwise.drafters import Drafter, build_drafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.events import StepEvent
 from draftwise.lm import LanguageModel
+from draftwise.policies import CostProfile
 from draftwise.target import LocalTarget
 
 
@@ -50,9 +51,12 @@ def make_drafter(name: DrafterName, draft: LanguageModel | None) -> Drafter | No
 class Worker:
     target: LanguageModel
     draft: LanguageModel | None
+    # What drafting costs here, learnt by every request this worker runs (see CostProfile).
+    profile: CostProfile = field(default_factory=CostProfile)
 
     def engine(self, drafter: DrafterName) -> SpeculativeEngine:
-        return SpeculativeEngine(LocalTarget(self.target), make_drafter(drafter, self.draft), self.target.tokenizer)
+        return SpeculativeEngine(LocalTarget(self.target), make_drafter(drafter, self.draft), self.target.tokenizer,
+                                 profile=self.profile)
 
 
 def build_workers(target: LanguageModel, draft: LanguageModel | None, count: int) -> list[Worker]:
