@@ -12,7 +12,7 @@ from draftwise.cli.serve import _recommended  # noqa: E402
 
 
 def test_serve_defaults_follow_the_registry():
-    assert _recommended("qwen2.5-coder-1.5b") == ("qwen2.5-coder-0.5b", "model")
+    assert _recommended("qwen2.5-coder-1.5b") == ("qwen2.5-coder-0.5b", "hybrid")
     assert _recommended("smollm2-135m") == (None, "ngram")
     assert _recommended("tiny:0") == (None, "ngram")
 

@@ -76,7 +76,7 @@ def test_pull_unknown_name_is_one_line_error(home):
 
 def test_generate_json_with_compare(home):
     done = run(
-        "generate", "abcabcabc", "--target", "tiny:0", "--draft", "tiny:0", "--json", "--compare",
+        "generate", "abcabcabc", "--target", "tiny:0", "--draft", "tiny:0", "--drafter", "model", "--json", "--compare",
         "--max-new-tokens", "12", "--ignore-eos", "--k-policy", "fixed", "--k", "3",
         "--confidence-threshold", "0", home=home,
     )

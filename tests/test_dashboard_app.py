@@ -45,8 +45,9 @@ def test_live_run_with_plain_twin(api, monkeypatch) -> None:
     assert not at.exception and not at.error
     assert "serving **tiny:0**, draft **tiny-draft**" in at.sidebar.caption[0].value
     assert at.selectbox(key="drafter").options == ["model", "ngram", "hybrid", "off"]
-    assert at.selectbox(key="drafter").value == "model"  # the server's default drafter
+    assert at.selectbox(key="drafter").value == "hybrid"  # the server's default drafter
     assert "press Generate" in _token_box(at)
+    at.selectbox(key="drafter").set_value("model")  # every step drafts k with the model
     at.selectbox(key="k_policy").set_value(FIXED["k_policy"])
     at.number_input(key="k").set_value(FIXED["k"])
     at.slider(key="threshold").set_value(FIXED["confidence_threshold"])

@@ -18,8 +18,9 @@ KPolicyName = Literal["fixed", "heuristic", "cost"]
 DrafterKind = Literal["model", "ngram", "hybrid"]
 NEEDS_DRAFT_MODEL: frozenset[str] = frozenset({"model", "hybrid"})
 
-# Weight-only quantization of an hf draft model (see draftwise.backends.quant). The draft's
-# precision cannot change the output, only its speed; int4 drafts fastest on CPU.
+# Quantization of a draft model (hf: weight-only int8/int4 layers, draftwise.backends.quant;
+# llamacpp: a Q8_0/Q4_0 copy of the file). The draft's precision cannot change the output,
+# only its speed; int4 drafts fastest on CPU.
 DraftQuant = Literal["none", "int8", "int4"]
 DEFAULT_DRAFT_QUANT: DraftQuant = "int4"
 
@@ -52,8 +53,9 @@ class ModelOptions(_Strict):
     dtype: Dtype = Field("auto", description="hf: weights dtype; auto = whichever this CPU runs faster")
     draft_quant: DraftQuant = Field(
         DEFAULT_DRAFT_QUANT,
-        description="hf: weight-only quantization of the draft model (none, int8, int4); the draft's precision "
-        "cannot change the output (the target checks every token), only its speed",
+        description="quantization of the draft model (none, int8, int4; llamacpp: a Q8_0 or Q4_0 copy of the "
+        "GGUF file, made once); the draft's precision cannot change the output (the target checks every "
+        "token), only its speed",
     )
     device: Device = Field("auto", description="hf: cpu or cuda; auto = cuda when a CUDA device is present")
 

@@ -86,7 +86,7 @@ def load_lm(source: str, options: ModelOptions | None = None, *, draft: bool = F
     if choose_backend(location, options.backend, log) == "llamacpp":
         from draftwise.backends.llamacpp import load_llamacpp
 
-        return load_llamacpp(source, Path(location), options, log=log)
+        return load_llamacpp(source, Path(location), options, draft=draft, log=log)
     from draftwise.backends.hf_loading import load_hf
 
     return load_hf(source, location, options, draft=draft, log=log)

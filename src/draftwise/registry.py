@@ -10,6 +10,7 @@ The cache folder is ``~/.cache/draftwise``, or ``$DRAFTWISE_HOME`` when that is 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,15 @@ def home() -> Path:
     """The cache folder: ``$DRAFTWISE_HOME`` or ``~/.cache/draftwise``."""
     value = os.environ.get(HOME_ENV)
     return Path(value).expanduser() if value else Path.home() / ".cache" / "draftwise"
+
+
+def derived_path(source: Path, label: str, suffix: str = "") -> Path:
+    """Where a file or folder made from the model file ``source`` (a conversion) is cached:
+    under ``converted/`` in the cache folder, keyed on the source's path, size and mtime, so
+    a replaced file is converted again."""
+    stat = source.stat()
+    tag = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    return home() / "converted" / f"{source.stem}-{label}-{tag}{suffix}"
 
 
 def model_path(entry: PackagedModel, root: Path | None = None) -> Path:

@@ -58,7 +58,7 @@ def _step(event: StepEvent, tokenizer: Any) -> s.StepInfo:
                        target_prob=event.target_probs[i] if i < len(event.target_probs) else None)
         for i, token in enumerate(event.proposed)
     ]
-    return s.StepInfo(index=event.step, k=event.k, proposed=proposed, n_accepted=event.n_accepted,
+    return s.StepInfo(index=event.step, k=event.k, source=event.source, proposed=proposed, n_accepted=event.n_accepted,
                       prefill_seconds=event.prefill_seconds, draft_seconds=event.draft_seconds,
                       verify_seconds=event.verify_seconds, step_seconds=event.step_seconds)
 

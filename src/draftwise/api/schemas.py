@@ -169,6 +169,7 @@ class StepInfo(BaseModel):
 
     index: int = Field(..., description="0-based target pass")
     k: int = Field(..., description="draft length the k policy asked for")
+    source: str | None = Field(None, description="the drafter's source that proposed: model, ngram; null = none")
     proposed: list[DraftedToken] = Field(
         ..., description="every proposed token in order; the first n_accepted were kept"
     )

@@ -22,7 +22,7 @@ class ServerSettings(BaseModel):
     target: str = Field(..., description="target model source (registry name, folder, .gguf file, tiny:SEED)")
     draft: str | None = Field(None, description="draft model source; needed for the 'model' drafter")
     drafter: DrafterName | None = Field(
-        None, description="default drafter of requests: model, ngram, hybrid or off; None = model if a draft is loaded, else ngram"
+        None, description="default drafter of requests: model, ngram, hybrid or off; None = hybrid if a draft is loaded, else ngram"
     )
     model_name: str | None = Field(None, description="model id shown in /v1/models and expected in requests; None = target")
     models: ModelOptions = Field(ModelOptions(), description="how the models are loaded and run")
@@ -56,7 +56,7 @@ class ServerSettings(BaseModel):
     def default_drafter(self) -> DrafterName:
         if self.drafter is not None:
             return self.drafter
-        return "model" if self.draft is not None else "ngram"
+        return "hybrid" if self.draft is not None else "ngram"
 
     @property
     def served_model(self) -> str:

@@ -8,7 +8,6 @@ under ``$DRAFTWISE_HOME/converted/``; later loads read those in seconds.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ from draftwise.backends.hf import HFModel
 from draftwise.backends.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, pack_linears, quantize_weights
 from draftwise.config import ModelOptions
 from draftwise.errors import ModelLoadError
-from draftwise.registry import home
+from draftwise.registry import derived_path, home
 
 
 def _quiet_transformers() -> None:
@@ -108,14 +107,6 @@ def _cpuinfo() -> list[str]:
         return []
 
 
-def _converted_folder(gguf: Path, dtype: str) -> Path:
-    """Cache folder for ``gguf`` dequantized to ``dtype``; keyed on name, size and mtime so a
-    replaced file is converted again."""
-    stat = gguf.stat()
-    tag = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
-    return home() / "converted" / f"{gguf.stem}-{dtype}-{tag}"
-
-
 def _save_converted(model, tokenizer, folder: Path) -> None:
     """Write a dequantized GGUF model as a plain safetensors folder, atomically.
 
@@ -143,7 +134,7 @@ def _save_converted(model, tokenizer, folder: Path) -> None:
 def _load_gguf(path: Path, torch_dtype, dtype: str, log: Callable[[str], None]):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = _converted_folder(path, dtype)
+    folder = derived_path(path, dtype)
     if folder.is_dir():
         return _load_pretrained(str(folder), torch_dtype)
     log(f"dequantizing {path.name} to {dtype} (once: the result is cached in {folder.parent})")

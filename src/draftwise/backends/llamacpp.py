@@ -30,6 +30,7 @@ import torch
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.config import ModelOptions
 from draftwise.errors import DraftwiseError, ModelLoadError
+from draftwise.registry import derived_path
 
 BATCH = 512  # tokens per llama_decode call; a longer prefill runs in pieces
 OUTPUTS_MAX = 64  # score rows per llama_decode call (sizes the context's output buffer)
@@ -96,9 +97,7 @@ class LlamaCppWeights:
         self.vocab = api.llama_model_get_vocab(model)
         self.n_vocab = int(api.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(api.llama_model_n_ctx_train(model))
-        buffer = ctypes.create_string_buffer(256)
-        api.llama_model_desc(model, buffer, len(buffer))
-        self.description = buffer.value.decode("utf-8", "replace")
+        self.file_type = _file_type_name(api, int(api.llama_model_ftype(model)))
         self.tokenizer = GGUFTokenizer(api, model, self.vocab)
 
 
@@ -158,7 +157,7 @@ class LlamaCppModel:
 
     @property
     def dtype(self) -> str:
-        return self.weights.description
+        return self.weights.file_type
 
     def fork(self) -> LlamaCppModel:
         """A new sequence over the same weights: a context of its own, nothing loaded again."""
@@ -227,6 +226,14 @@ class LlamaCppModel:
         return torch.from_numpy(scores)
 
 
+def _file_type_name(api: Any, file_type: int) -> str:
+    """``Q4_K_M`` for llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M, and so on."""
+    names = {value: name for name, value in vars(api).items()
+             if name.startswith("LLAMA_FTYPE_") and isinstance(value, int) and name != "LLAMA_FTYPE_GUESSED"}
+    name = names.get(file_type & ~1024)  # 1024: the type was guessed from the tensors
+    return name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_") if name else f"type {file_type}"
+
+
 def _free_context(api: Any, ctx: Any, batch: Any, weights: LlamaCppWeights) -> None:
     api.llama_batch_free(batch)
     api.llama_free(ctx)
@@ -240,11 +247,46 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
-def load_llamacpp(source: str, path: Path, options: ModelOptions,
+# llama.cpp file types a draft is requantized to (draft_quant): Q4_0 and Q8_0 run on
+# llama.cpp's repacked CPU kernels; every tensor, the output layer included, takes the type.
+_DRAFT_FILE_TYPES = {"int4": ("Q4_0", 2), "int8": ("Q8_0", 7)}
+
+
+def requantized(path: Path, quant: str, threads: int, log: Callable[[str], None]) -> Path:
+    """``path`` requantized for drafting (made once with llama.cpp's own quantizer, cached).
+
+    A draft's precision cannot change the output (the target checks every token), only how
+    often it is right and how fast it drafts.
+    """
+    name, file_type = _DRAFT_FILE_TYPES[quant]
+    out = derived_path(path, name.lower(), ".gguf")
+    if out.is_file():
+        return out
+    api = library().api
+    log(f"requantizing draft {path.name} to {name} (once: cached in {out.parent})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    params = api.llama_model_quantize_default_params()
+    params.nthread, params.ftype, params.allow_requantize, params.pure = threads, file_type, True, True
+    try:
+        if api.llama_model_quantize(str(path).encode(), str(scratch).encode(), ctypes.byref(params)) != 0:
+            raise ModelLoadError(f"llama.cpp could not requantize {path.name} to {name}: {library().reason()}")
+        os.replace(scratch, out)
+    finally:
+        scratch.unlink(missing_ok=True)
+    return out
+
+
+def load_llamacpp(source: str, path: Path, options: ModelOptions, *, draft: bool = False,
                   log: Callable[[str], None] | None = None) -> LlamaCppModel:
-    """Load the GGUF file ``path`` (named ``source`` by the user) on llama.cpp."""
+    """Load the GGUF file ``path`` (named ``source`` by the user) on llama.cpp; a draft is
+    requantized first as ``options.draft_quant`` says."""
+    log = log or (lambda message: None)
+    threads = options.threads or default_threads()
+    if draft and options.draft_quant != "none":
+        path = requantized(path, options.draft_quant, threads, log)
     weights = LlamaCppWeights(path, source)
     n_ctx = options.context or min(weights.n_ctx_train or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
     if weights.n_ctx_train and n_ctx > weights.n_ctx_train:
         raise ModelLoadError(f"--context {n_ctx} is over {path.name}'s own context of {weights.n_ctx_train} positions")
-    return LlamaCppModel(weights, n_ctx, options.threads or default_threads())
+    return LlamaCppModel(weights, n_ctx, threads)

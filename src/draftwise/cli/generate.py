@@ -116,14 +116,14 @@ def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tupl
     if drafter == "ngram":
         return None, "ngram"
     if draft is not None:
-        return draft, drafter or "model"
+        return draft, drafter or "hybrid"
     entry = REGISTRY.get(target)
     recommended = entry.draft if entry is not None else None
     if drafter in NEEDS_DRAFT_MODEL:
         if recommended in (None, "ngram"):
             raise fail(f"--drafter {drafter} needs --draft: no draft model is known for {target!r}")
         return recommended, drafter
-    return (recommended, "model") if recommended not in (None, "ngram") else (None, "ngram")
+    return (recommended, "hybrid") if recommended not in (None, "ngram") else (None, "ngram")
 
 
 @dataclass
@@ -219,10 +219,10 @@ def _run(prompt: str | None, file: Path | None, target: str | None, draft: str |
     config = config_from_values(values)  # before any model loads: mistakes fail fast
     text = _read_prompt(prompt, file)
     if target is None and draft is None and drafter is None:
-        target, draft, drafter = DEFAULT_TARGET, DEFAULT_DRAFT, "model" if DEFAULT_DRAFT else "ngram"
+        target, draft, drafter = DEFAULT_TARGET, DEFAULT_DRAFT, "hybrid" if DEFAULT_DRAFT else "ngram"
     target = target or DEFAULT_TARGET
     draft, drafter = _choose_drafter(target, draft, drafter)
-    if verifier is not None and (drafter != "model" or compare):
+    if verifier is not None and (drafter not in NEEDS_DRAFT_MODEL or compare):
         raise fail("--verifier needs a draft model (--draft) and cannot --compare (the target is remote)")
 
     err, out = Console(stderr=True), Console(highlight=False)
@@ -255,8 +255,9 @@ def register(app: typer.Typer) -> None:
         ("draft", Optional[str], typer.Option(
             None, help="draft model (same kinds of source); default: the registry's draft for the target")),
         ("drafter", Optional[str], typer.Option(
-            None, help="model, ngram, or hybrid (n-gram lookup where the context repeats, the draft model "
-            "elsewhere); default: model when a draft is known or given, else ngram")),
+            None, help="model, ngram, or hybrid (both: n-gram lookup where the context repeats, the draft model "
+            "elsewhere; the cost policy picks per step, or neither); default: hybrid when a draft is known or "
+            "given, else ngram")),
         ("chat", bool, typer.Option(False, "--chat/--plain", help="apply the target's chat template")),
         ("compare", bool, typer.Option(False, help="also run the plain target; print speedup and identity")),
         ("as_json", bool, typer.Option(False, "--json", help="print one JSON object instead of coloured text")),

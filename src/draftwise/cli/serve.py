@@ -22,7 +22,7 @@ def _recommended(target: str) -> tuple[str | None, str]:
     entry = REGISTRY.get(target)
     if entry is None or entry.draft in (None, "ngram"):
         return None, "ngram"
-    return entry.draft, "model"
+    return entry.draft, "hybrid"
 
 
 def register(app: typer.Typer) -> None:
