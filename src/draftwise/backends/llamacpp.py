@@ -35,7 +35,7 @@ from draftwise.registry import derived_path
 BATCH = 512  # tokens per llama_decode call; a longer prefill runs in pieces
 OUTPUTS_MAX = 64  # score rows per llama_decode call (sizes the context's output buffer)
 DEFAULT_CONTEXT = 8192  # KV cache positions when the user names none (capped by the model's own)
-_LOG_WARN = 2  # ggml log levels: 2 = warning, 3 = error, 5 = continuation of the previous line
+_LOG_WARN = 3  # ggml log levels (ggml.h): 3 = warning, 4 = error, 5 = continuation of the previous line
 _LOG_CONT = 5
 
 
@@ -66,7 +66,11 @@ class _Library:
         llama_cpp.llama_backend_init()
 
     def reason(self) -> str:
-        """The last thing llama.cpp complained about, for an error message."""
+        """What llama.cpp said went wrong, for an error message: its last line that names an
+        error with a cause (``error loading model: unknown model architecture: 'x'``)."""
+        for line in reversed(self.lines):
+            if "error" in line and ": " in line:
+                return line.split("error", 1)[1].split(": ", 1)[-1]
         return self.lines[-1] if self.lines else "no reason given"
 
 
