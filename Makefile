@@ -31,5 +31,12 @@ test: setup
 	$(BIN)/draftwise pull smollm2-135m -q
 	$(BIN)/python -m pytest -q
 
+# llama.cpp's own programs, for the bench's llamacpp-spec anchor (`draftwise bench --llama-cpp-bin
+# DIR`): built once from the llama-cpp-python sdist pinned in constraints.txt, under build/;
+# prints DIR.
+.PHONY: llama-cpp-bin
+llama-cpp-bin: setup
+	@PY=$(BIN)/python scripts/build_llama_cpp.sh
+
 clean:
 	rm -rf $(VENV)

@@ -34,6 +34,9 @@ def describe(method: str, config: GenerationConfig) -> str | None:
         "llamacpp-pld": f"llama-cpp-python's `Llama.generate` with `LlamaPromptLookupDecoding("
                         f"num_pred_tokens={pld_tokens(config)}, max_ngram_size={d.ngram_max})`",
         "llamacpp-spec": f"llama.cpp's `llama-speculative-simple --spec-type draft-simple --spec-draft-n-max "
-                         f"{spec_draft_max(config)} --spec-draft-p-min {d.confidence_threshold}`",
+                         f"{spec_draft_max(config)} --spec-draft-n-min 0 --spec-draft-p-min {d.confidence_threshold}` "
+                         "(a process per prompt): its time is its own encode + decode (model loading excluded; "
+                         "the decode time prorated to the tokens asked for when its last step drafts past them), "
+                         "its tokens are its printed text re-tokenized, so its audit compares re-tokenized text",
     }
     return notes.get(method)

@@ -5,6 +5,11 @@ Definitions (the report repeats them):
 * tokens/s of a prompt: its new tokens over its wall time, all turns together; a method's
   tokens/s is the mean over prompts, and its speedup is that mean over the baseline's mean
   on the same prompts (Spec-Bench's definition).
+* decode-phase tokens/s of a prompt: everything after the first token, (new tokens - 1) /
+  (wall time - time to first token), all turns together; its speedup is defined as above.
+  It leaves prefill out, which is most of a short answer's time on a long prompt.
+* speedup over an anchor: the same ratios with an anchor (another project's loop) in place
+  of the baseline, with and without prefill.
 * per-token latency: the time between two deliveries of tokens divided by the tokens
   delivered; the first delivery is the time to first token and is reported apart.
 * mean accepted length: tokens per target pass (accepted draft tokens + the target's own).
@@ -16,14 +21,14 @@ Definitions (the report repeats them):
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import mean
 from typing import Any
 
 import numpy as np
 
 from draftwise.bench.audit import audit_prompt
-from draftwise.bench.config import REFERENCE
+from draftwise.bench.config import ANCHORS, REFERENCE
 from draftwise.bench.dataset import Prompt, subtask_order
 from draftwise.bench.store import Record
 from draftwise.policies import expected_speedup
@@ -47,6 +52,51 @@ def prompt_rate(turns: Sequence[Record]) -> float:
     """tokens/s of one prompt, all turns together."""
     seconds = sum(r["wall_seconds"] for r in turns)
     return sum(r["new_tokens"] for r in turns) / seconds if seconds > 0 else 0.0
+
+
+def timed_deliveries(record: Record) -> bool:
+    """Whether the record's arrivals were measured (False: one delivery at the end, see Trace)."""
+    return record.get("timed_deliveries", True)
+
+
+def decode_phase(record: Record) -> tuple[int, float] | None:
+    """Tokens and seconds after the first token; None when the time to first token is unknown."""
+    if record["ttft_seconds"] is None or not record["new_tokens"]:
+        return None
+    return record["new_tokens"] - 1, record["wall_seconds"] - record["ttft_seconds"]
+
+
+def decode_rate(record: Record) -> float | None:
+    """Decode-phase tokens/s of one record: (new tokens - 1) / (wall - time to first token)."""
+    phase = decode_phase(record)
+    return phase[0] / phase[1] if phase is not None and phase[1] > 0 else None
+
+
+def prompt_decode_rate(turns: Sequence[Record]) -> float | None:
+    """Decode-phase tokens/s of one prompt, all turns together; None when any turn's is unknown."""
+    phases = [decode_phase(r) for r in turns]
+    if any(p is None for p in phases):
+        return None
+    seconds = sum(p[1] for p in phases)
+    return sum(p[0] for p in phases) / seconds if seconds > 0 else None
+
+
+def relative_speed(method: str, base: str, prompt_ids: Sequence[str], complete: Complete,
+                   rate: Callable[[Sequence[Record]], float | None]) -> float | None:
+    """Mean ``rate`` of ``method`` over that of ``base``, on the prompts both finished and
+    both have a rate for; None when there are none."""
+    pairs = [(rate(complete[(method, pid)]), rate(complete[(base, pid)])) for pid in prompt_ids
+             if (method, pid) in complete and (base, pid) in complete]
+    pairs = [(own, ref) for own, ref in pairs if own is not None and ref is not None]
+    if not pairs:
+        return None
+    reference = mean(ref for _, ref in pairs)
+    return mean(own for own, _ in pairs) / reference if reference > 0 else None
+
+
+def speed_bases(methods: Sequence[str]) -> list[str]:
+    """What speedups are given over: the reference, then every anchor in the run."""
+    return [REFERENCE, *(m for m in methods if m in ANCHORS)]
 
 
 def complete_prompts(records: Sequence[Record], prompts: Sequence[Prompt]) -> Complete:
@@ -124,44 +174,65 @@ def _time_split(records: Sequence[Record]) -> dict[str, float]:
     return split
 
 
-def method_stats(method: str, prompt_ids: Sequence[str], complete: Complete, greedy: bool) -> dict[str, Any]:
+def _speed_stats(method: str, prompt_ids: Sequence[str], complete: Complete, bases: Sequence[str]
+                 ) -> dict[str, Any]:
+    """tokens/s with and without prefill, and the speedups over each base (reference, anchors)."""
+    mine = [pid for pid in prompt_ids if (method, pid) in complete]
+    decode = [x for x in (prompt_decode_rate(complete[(method, pid)]) for pid in mine) if x is not None]
+    over = {base: {"speedup": relative_speed(method, base, prompt_ids, complete, prompt_rate),
+                   "decode_speedup": relative_speed(method, base, prompt_ids, complete, prompt_decode_rate)}
+            for base in bases}
+    return {
+        "tokens_per_second": mean(prompt_rate(complete[(method, pid)]) for pid in mine),
+        "decode_tokens_per_second": mean(decode) if decode else None,
+        "speedup": over[REFERENCE]["speedup"] if REFERENCE in over else None,
+        "decode_speedup": over[REFERENCE]["decode_speedup"] if REFERENCE in over else None,
+        "speedup_over": over,
+    }
+
+
+def _delivery_stats(records: Sequence[Record]) -> dict[str, Any]:
+    """Latency and tokens per pass, from the records whose deliveries were timed."""
+    timed = [r for r in records if timed_deliveries(r)]
+    tokens = sum(r["new_tokens"] for r in timed)
+    passes = sum(len(r["step_tokens"]) for r in timed)
+    latencies = [x for r in timed for x in token_latencies(r)]
+    ttfts = [r["ttft_seconds"] for r in timed if r["ttft_seconds"] is not None]
+    return {
+        "ttft_seconds": mean(ttfts) if ttfts else None,
+        "latency_p50_ms": None if not latencies else 1000 * percentile(latencies, 50),
+        "latency_p95_ms": None if not latencies else 1000 * percentile(latencies, 95),
+        "target_passes": passes if timed else None,
+        "mean_accepted_length": tokens / passes if passes else None,
+        "passes_per_token": passes / tokens if tokens else None,
+        "tokens_per_pass_histogram": dict(sorted(Counter(n for r in timed for n in r["step_tokens"]).items())),
+    }
+
+
+def method_stats(method: str, prompt_ids: Sequence[str], complete: Complete, greedy: bool,
+                 bases: Sequence[str] = (REFERENCE,)) -> dict[str, Any]:
     mine = [pid for pid in prompt_ids if (method, pid) in complete]
     paired = [pid for pid in mine if (REFERENCE, pid) in complete]
     records = [r for pid in mine for r in complete[(method, pid)]]
     if not records:
         return {"prompts": 0}
-    tokens = sum(r["new_tokens"] for r in records)
-    passes = sum(len(r["step_tokens"]) for r in records)
-    latencies = [x for r in records for x in token_latencies(r)]
     perplexities = [r["perplexity"] for r in records if r.get("perplexity") is not None]
     stats: dict[str, Any] = {
         "prompts": len(mine),
         "turns": len(records),
-        "tokens": tokens,
-        "tokens_per_second": mean(prompt_rate(complete[(method, pid)]) for pid in mine),
-        "speedup": None,
-        "ttft_seconds": mean(r["ttft_seconds"] for r in records if r["ttft_seconds"] is not None)
-        if any(r["ttft_seconds"] is not None for r in records) else None,
-        "latency_p50_ms": None if not latencies else 1000 * percentile(latencies, 50),
-        "latency_p95_ms": None if not latencies else 1000 * percentile(latencies, 95),
-        "target_passes": passes,
-        "mean_accepted_length": tokens / passes if passes else None,
-        "passes_per_token": passes / tokens if tokens else None,
-        "tokens_per_pass_histogram": dict(sorted(Counter(n for r in records for n in r["step_tokens"]).items())),
+        "tokens": sum(r["new_tokens"] for r in records),
+        **_speed_stats(method, prompt_ids, complete, bases),
+        **_delivery_stats(records),
         "perplexity": mean(perplexities) if perplexities else None,
         "time": _time_split(records),
         "identical": None,
         "compared": None,
     }
-    if paired:
-        reference = mean(prompt_rate(complete[(REFERENCE, pid)]) for pid in paired)
-        own = mean(prompt_rate(complete[(method, pid)]) for pid in paired)
-        stats["speedup"] = own / reference if reference > 0 else None
-        if greedy:
-            stats["compared"] = len(paired)
-            stats["identical"] = sum(
-                audit_prompt(complete[(REFERENCE, pid)], complete[(method, pid)]) is None for pid in paired
-            )
+    if paired and greedy:
+        stats["compared"] = len(paired)
+        stats["identical"] = sum(
+            audit_prompt(complete[(REFERENCE, pid)], complete[(method, pid)]) is None for pid in paired
+        )
     has_drafts = all(r.get("steps") for r in records) and any(sum(r["steps"]["proposed"]) for r in records)
     baseline = [r for pid in paired for r in complete[(REFERENCE, pid)]]
     if has_drafts:
@@ -188,8 +259,11 @@ def summarize(records: Sequence[Record], prompts: Sequence[Prompt], methods: Seq
     groups = {OVERALL: [p.id for p in prompts]}
     for subtask in subtask_order(prompts):
         groups[subtask] = [p.id for p in prompts if p.subtask == subtask]
+    bases = speed_bases(methods)
     return {
-        "groups": {g: {m: method_stats(m, ids, complete, greedy) for m in methods} for g, ids in groups.items()},
+        "bases": bases,
+        "groups": {g: {m: method_stats(m, ids, complete, greedy, bases) for m in methods}
+                   for g, ids in groups.items()},
         "mismatches": {m: mismatches(m, groups[OVERALL], complete) for m in methods if m != REFERENCE}
         if greedy else {},
     }

@@ -35,6 +35,10 @@ class Trace:
     steps: dict[str, list[float]] | None = None  # draftwise only: per target pass, see DraftwiseMethod
     metrics: dict[str, Any] | None = None  # draftwise only: GenerationMetrics.to_dict()
     rollback_seconds: float | None = None  # draftwise only: time spent in KV-cache rollbacks
+    # False for a method that reports only its total time (llama.cpp's binary): arrivals then
+    # hold one delivery of every token at wall_seconds, and time to first token, per-token
+    # latency and tokens per pass are unknown rather than measured.
+    timed_deliveries: bool = True
 
 
 class Method(Protocol):

@@ -11,6 +11,10 @@ from draftwise.bench.config import METHODS, REFERENCE
 from draftwise.bench.store import Record
 
 
+# Plain decoders (each project's own) emit one token per target pass: the accepted-length plot leaves them out.
+PLAIN = (REFERENCE, "hf-baseline", "llamacpp-plain")
+
+
 def _color(method: str) -> str:
     """The same colour for a method in every plot."""
     return f"C{METHODS.index(method)}" if method in METHODS else "gray"
@@ -56,8 +60,7 @@ def plot_speedup(path: Path, groups: dict[str, dict[str, dict[str, Any]]], metho
 
 def plot_accepted_length(path: Path, overall: dict[str, dict[str, Any]], methods: Sequence[str]) -> None:
     plt = _pyplot()
-    # Plain decoding (either implementation) always emits one token per pass: nothing to show.
-    shown = [m for m in methods if m not in (REFERENCE, "hf-baseline") and overall[m].get("tokens_per_pass_histogram")]
+    shown = [m for m in methods if m not in PLAIN and overall[m].get("tokens_per_pass_histogram")]
     longest = max((max(overall[m]["tokens_per_pass_histogram"]) for m in shown), default=1)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * longest + 2), 4.0))
     xs = range(1, longest + 1)

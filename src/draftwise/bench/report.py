@@ -99,8 +99,9 @@ def _decoding_line(config: BenchConfig) -> str:
 
 
 def _overall_table(stats: dict[str, dict[str, Any]], methods: Sequence[str], greedy: bool) -> list[str]:
-    head = ("| method | prompts | tokens/s | speedup | predicted | measured/predicted | TTFT s | latency p50 ms "
-            "| latency p95 ms | acceptance | mean accepted length | passes/token | identical to baseline | PPL |")
+    head = ("| method | prompts | tokens/s | speedup | decode tokens/s | decode speedup | predicted "
+            "| measured/predicted | TTFT s | latency p50 ms | latency p95 ms | acceptance | mean accepted length "
+            "| passes/token | identical to baseline | PPL |")
     columns = head.count("|") - 1
     lines = [head, "|" + "---|" * columns]
     for m in methods:
@@ -115,6 +116,7 @@ def _overall_table(stats: dict[str, dict[str, Any]], methods: Sequence[str], gre
             identical = "(reference)"
         lines.append(
             f"| {m} | {s['prompts']} | {_fmt(s['tokens_per_second'], '.1f')} | {_fmt(s['speedup'], '.2f', 'x')} "
+            f"| {_fmt(s.get('decode_tokens_per_second'), '.1f')} | {_fmt(s.get('decode_speedup'), '.2f', 'x')} "
             f"| {_fmt(s.get('predicted_speedup'), '.2f', 'x')} | {_fmt(s.get('efficiency'), '.2f')} "
             f"| {_fmt(s['ttft_seconds'], '.3f')} | {_fmt(s['latency_p50_ms'], '.1f')} "
             f"| {_fmt(s['latency_p95_ms'], '.1f')} | {_fmt(s.get('acceptance_rate'), '.2f')} "
@@ -124,13 +126,21 @@ def _overall_table(stats: dict[str, dict[str, Any]], methods: Sequence[str], gre
     return lines
 
 
-def _speedup_matrix(groups: dict[str, dict[str, dict[str, Any]]], methods: Sequence[str]) -> list[str]:
+def _speedup_cell(stats: dict[str, Any], base: str) -> str:
+    over = (stats.get("speedup_over") or {}).get(base) or {}
+    return f"{_fmt(over.get('speedup'), '.2f', 'x')} / {_fmt(over.get('decode_speedup'), '.2f', 'x')}"
+
+
+def _speedup_matrix(groups: dict[str, dict[str, dict[str, Any]]], methods: Sequence[str], base: str) -> list[str]:
+    """Every method's speedup over ``base`` per subtask and overall, with prefill / decode phase."""
     names = [g for g in groups if g != OVERALL] + [OVERALL]
-    lines = ["| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines = [f"## Speedup over `{base}` per subtask", "",
+             "Each cell: with prefill / decode phase (after the first token).", "",
+             "| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for m in methods:
-        cells = [_fmt(groups[g][m].get("speedup"), ".2f", "x") for g in names]
+        cells = [_speedup_cell(groups[g][m], base) for g in names]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return lines
+    return [*lines, ""]
 
 
 def _position_table(stats: dict[str, dict[str, Any]], methods: Sequence[str]) -> list[str]:
@@ -152,7 +162,7 @@ def _time_table(stats: dict[str, dict[str, Any]], methods: Sequence[str]) -> lis
         if not t:
             continue
         if "verify" not in t:
-            lines.append(f"| {m} | {t['wall']:.1f} | inside transformers' generate: not split | | | | |")
+            lines.append(f"| {m} | {t['wall']:.1f} | inside the anchor's own loop: not split | | | | |")
             continue
         wall = t["wall"] or 1.0
         cells = [f"{t[p]:.1f} ({100 * t[p] / wall:.0f}%)" for p in ("prefill", "draft", "verify", "rollback", "other")]
@@ -220,11 +230,9 @@ def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Promp
         "",
         *_overall_table(groups[OVERALL], methods, greedy),
         "",
-        "## Speedup over `baseline` per subtask",
-        "",
-        *_speedup_matrix(groups, methods),
-        "",
     ]
+    for base in summary.get("bases") or [REFERENCE]:
+        lines += _speedup_matrix(groups, methods, base)
     for name, stats in groups.items():
         if name == OVERALL:
             continue
@@ -243,10 +251,15 @@ def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Promp
         "## Definitions", "",
         "- tokens/s: a prompt's new tokens (all turns) over its wall time, prefill included; the mean over "
         "prompts. Speedup: that mean over `baseline`'s mean on the same prompts (Spec-Bench's definition).",
+        "- decode tokens/s: the decode phase alone, everything after the first token: (new tokens - 1) / "
+        "(wall time - TTFT), all turns together; the mean over prompts. Decode speedup: that mean over the "
+        "base's on the same prompts. Speedup over an anchor: the same two ratios with the anchor as the base.",
         "- TTFT: time to the first delivered token (prefill + first step). Per-token latency: time between "
         "deliveries divided by the tokens delivered, pooled over all tokens after the first delivery.",
-        "- acceptance: accepted / proposed draft tokens (draftwise methods only: transformers does not "
+        "- acceptance: accepted / proposed draft tokens (draftwise methods only: the anchors do not "
         "report proposals). Mean accepted length: tokens per target pass. passes/token: its inverse.",
+        "- n/a where a method does not expose a number: `llamacpp-spec` (a separate process) reports only its "
+        "total encode + decode time, so its TTFT, latency, tokens per pass and decode-phase rates are unknown.",
         "- predicted: Leviathan et al.'s expected speedup from alpha = accepted / (accepted + rejections) and "
         "c = drafting time per draft token / plain target pass time (baseline), summed over the draft lengths "
         "actually used; measured/predicted below 1 is the engine's own overhead.",

@@ -16,7 +16,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from draftwise.bench.analysis import percentile, summarize, token_latencies
+from draftwise.bench.analysis import decode_rate, percentile, summarize, token_latencies
 from draftwise.bench.audit import score_output
 from draftwise.bench.config import REFERENCE, BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt, load_prompts
@@ -109,7 +109,8 @@ def _record(trace: Trace, prompt: Prompt, turn: int, method: str, position: int,
         "finish_reason": trace.finish_reason,
         "wall_seconds": trace.wall_seconds,
         "tokens_per_second": len(trace.tokens) / trace.wall_seconds if trace.wall_seconds > 0 else 0.0,
-        "ttft_seconds": trace.arrivals[0] if trace.arrivals else None,
+        "ttft_seconds": trace.arrivals[0] if trace.arrivals and trace.timed_deliveries else None,
+        "timed_deliveries": trace.timed_deliveries,
         "arrivals": trace.arrivals,
         "step_tokens": trace.step_tokens,
         "steps": trace.steps,
@@ -122,6 +123,7 @@ def _record(trace: Trace, prompt: Prompt, turn: int, method: str, position: int,
     latencies = token_latencies(record)
     record["latency_p50_s"] = percentile(latencies, 50)
     record["latency_p95_s"] = percentile(latencies, 95)
+    record["decode_tokens_per_second"] = decode_rate(record)
     return record
 
 

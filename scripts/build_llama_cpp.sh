@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own programs (llama-bench, llama-completion, llama-speculative-simple)
+# from the llama-cpp-python sdist pinned in constraints.txt, so that the bench's llamacpp-spec
+# anchor runs the very llama.cpp that the llamacpp backend runs. Prints the folder of the
+# programs (for `draftwise bench --llama-cpp-bin DIR`); a second run finds them and only prints.
+#
+#   PY=.venv/bin/python scripts/build_llama_cpp.sh    (or: make llama-cpp-bin)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+py="${PY:-python3}"
+version="$(sed -n 's/^llama-cpp-python==\([^[:space:]]*\).*/\1/p' "$root/constraints.txt")"
+if [ -z "$version" ]; then
+    echo "error: constraints.txt pins no llama-cpp-python version" >&2
+    exit 2
+fi
+work="$root/build/llama-cpp-$version"  # build/ is ignored by git: nothing here is committed
+bin="$work/build/bin"
+targets=(llama-bench llama-completion llama-speculative-simple)
+
+built=1
+for target in "${targets[@]}"; do
+    [ -x "$bin/$target" ] || built=0
+done
+if [ "$built" = 1 ]; then
+    echo "$bin"
+    exit 0
+fi
+
+mkdir -p "$work/sdist"
+"$py" -m pip download --quiet --no-deps --no-binary :all: --dest "$work/sdist" "llama-cpp-python==$version" >&2
+tar -xzf "$work/sdist/llama_cpp_python-$version.tar.gz" -C "$work"
+source_dir="$work/llama_cpp_python-$version/vendor/llama.cpp"
+
+# ggml's AMX matmul kernels die with SIGILL on virtual machines that report AMX but do not let
+# guests use it, and -DGGML_NATIVE=ON turns them on wherever the CPU flags list AMX: leave them
+# out (AVX-512 and the rest stay native).
+no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+export CFLAGS="${CFLAGS:-} $no_amx" CXXFLAGS="${CXXFLAGS:-} $no_amx"
+
+generator=()
+if command -v ninja >/dev/null; then
+    generator=(-G Ninja)
+fi
+cmake -S "$source_dir" -B "$work/build" "${generator[@]}" -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF >&2
+cmake --build "$work/build" --target "${targets[@]}" -j "$(nproc)" >&2
+echo "$bin"
