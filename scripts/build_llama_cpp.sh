@@ -32,9 +32,9 @@ mkdir -p "$work/sdist"
 tar -xzf "$work/sdist/llama_cpp_python-$version.tar.gz" -C "$work"
 source_dir="$work/llama_cpp_python-$version/vendor/llama.cpp"
 
-# ggml's AMX matmul kernels die with SIGILL on virtual machines that report AMX but do not let
-# guests use it, and -DGGML_NATIVE=ON turns them on wherever the CPU flags list AMX: leave them
-# out (AVX-512 and the rest stay native).
+# ggml's AMX matmul kernels die with SIGILL (a tile instruction run before its tile
+# configuration) on this project's AMX machines, and -DGGML_NATIVE=ON turns them on wherever
+# the CPU flags list AMX: leave them out (AVX-512 and the rest stay native).
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 export CFLAGS="${CFLAGS:-} $no_amx" CXXFLAGS="${CXXFLAGS:-} $no_amx"
 

@@ -7,8 +7,9 @@
 # compiled for the CPU it is built on (-march=native), so a wheel built on an AVX-512 host
 # would crash on an AVX2-only one, and is never reused there.
 #
-# AMX is left out (-mno-amx-*): ggml's AMX matrix kernels crash with SIGILL on some virtual
-# machines that advertise AMX; the AVX-512/AVX2 kernels are used instead.
+# AMX is left out (-mno-amx-*): ggml's AMX matrix kernels crash with SIGILL (a tile
+# instruction run before its tile configuration) on this project's AMX machines; the
+# AVX-512/AVX2 kernels run instead.
 #
 # usage: scripts/install_llama_cpp.sh VENV_BIN
 set -euo pipefail
