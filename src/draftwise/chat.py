@@ -1,4 +1,8 @@
-"""Prompt text -> token ids, plain or through the target's chat template."""
+"""Prompt text -> token ids, plain or through the target's chat template.
+
+Every entry point (generate, the API server, the bench) goes through ``encode_messages``
+for chat prompts, so one conversation gets the same ids wherever it is sent.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,14 @@ class ChatTemplateError(PromptError):
     """The tokenizer has no chat template to apply."""
 
 
+def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template, ending with the
+    assistant's turn opening, so the model answers rather than continues."""
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # The template already holds the special tokens (BOS, role markers): add none twice.
+    return list(tokenizer.encode(rendered, add_special_tokens=False))
+
+
 def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
     """Token ids of ``text``; with ``chat``, as a single user turn followed by the assistant's
     turn opening, so the model answers rather than continues the user's text."""
@@ -24,8 +36,4 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
         return list(tokenizer.encode(text))
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError("the target model has no chat template; drop --chat to use a plain prompt")
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-    )
-    # The template already holds the special tokens (BOS, role markers): add none twice.
-    return list(tokenizer.encode(rendered, add_special_tokens=False))
+    return encode_messages(tokenizer, [{"role": "user", "content": text}])

@@ -22,6 +22,7 @@ from draftwise.bench.config import REFERENCE, BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt, load_prompts
 from draftwise.bench.methods import Method, Trace, build_methods
 from draftwise.bench.store import Record, ResultStore, record_key
+from draftwise.chat import encode_messages
 from draftwise.config import GenerationConfig
 from draftwise.lm import LanguageModel
 
@@ -47,8 +48,7 @@ class PromptBuilder:
                 messages.append({"role": "user", "content": turn})
                 if i < len(answers):
                     messages.append({"role": "assistant", "content": answers[i]})
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
+            return encode_messages(self.tokenizer, messages)
         parts = [x for pair in zip(turns, [*answers, ""]) for x in pair if x]
         return list(self.tokenizer.encode("\n\n".join(parts)))
 
