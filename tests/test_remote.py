@@ -342,3 +342,77 @@ def test_generate_cli_with_a_remote_verifier(url, target_lm):
     refused = subprocess.run([*DRAFTWISE, "generate", *flags, "--compare"], capture_output=True, text=True,
                              timeout=120, env=env)
     assert refused.returncode != 0 and "--verifier" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0, "top_p": 1e-300}, {"temperature": 1.0, "top_p": 5e-324},
+                                      {"temperature": 1e-40}, {"temperature": 5e-324, "top_k": 1}])
+def test_vanishing_sampling_settings_verify_like_greedy(http, sampling):
+    greedy = decode_verify_response(_verify(http, _open(http), tokens=(5, 6)).content, 2)
+    response = _verify(http, _open(http, **sampling), tokens=(5, 6))
+    assert response.status_code == 200, response.text
+    answer = decode_verify_response(response.content, 2)
+    assert (answer.n_accepted, answer.next_token) == (greedy.n_accepted, greedy.next_token)
+
+
+def test_a_prompt_that_leaves_no_room_is_refused_when_the_session_opens(target_lm):
+    with _server(target_lm, max_context=64) as base, httpx.Client(base_url=base) as http:
+        full = http.post("/v1/sessions", json={"prompt": [1] * 64})
+        assert full.status_code == 422 and "max_context of 64" in full.json()["detail"]
+        session = _open(http, [1] * 63)  # room for exactly one more token
+        assert _verify(http, session, tokens=(), keep=63).status_code == 200
+        refused = _verify(http, session, tokens=(), keep=64)
+        assert refused.status_code == 422 and "max_context" in refused.json()["detail"]
+
+
+def test_max_context_is_capped_at_the_models_own(target_lm):
+    own = target_lm.max_context
+    with _server(target_lm) as base, httpx.Client(base_url=base) as http:  # default setting: 32768
+        assert VerifierSettings(target="x").max_context > own
+        assert http.get("/info").json()["limits"]["max_context"] == own
+        too_long = http.post("/v1/sessions", json={"prompt": [1] * (own + 10)})
+        assert too_long.status_code == 422 and f"max_context of {own}" in too_long.json()["detail"]
+    with _server(target_lm, max_context=100) as base, httpx.Client(base_url=base) as http:
+        assert http.get("/info").json()["limits"]["max_context"] == 100  # a smaller setting stays
+
+
+def test_a_401_says_how_to_authenticate_and_docs_are_open(target_lm):
+    with _server(target_lm, api_key="s3cret") as base, httpx.Client(base_url=base) as http:
+        for method, path in (("GET", "/info"), ("POST", "/v1/sessions"), ("DELETE", "/v1/sessions/x"),
+                             ("POST", "/v1/sessions/x/verify")):
+            response = http.request(method, path)
+            assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer", path
+        for path in ("/health", "/docs", "/redoc", "/openapi.json"):
+            assert http.get(path).status_code == 200, path
+
+
+def test_openapi_lists_every_status_the_verifier_sends(http):
+    schema = http.get("/openapi.json").json()
+    paths = schema["paths"]
+    expected = {
+        ("/v1/sessions", "post"): {"201", "400", "401", "411", "413", "422", "500"},
+        ("/v1/sessions/{session_id}", "delete"): {"204", "401", "404", "500"},
+        ("/v1/sessions/{session_id}/verify", "post"): {"200", "401", "404", "409", "411", "413", "422", "500"},
+        ("/info", "get"): {"200", "401", "500"},
+    }
+    for (path, method), statuses in expected.items():
+        responses = paths[path][method]["responses"]
+        assert set(responses) == statuses, (path, method)
+        for status in statuses - {"200", "201", "204"}:
+            body = responses[status]["content"]["application/json"]["schema"]
+            assert body["$ref"] == "#/components/schemas/ErrorDetail", (path, status)
+    assert schema["components"]["schemas"]["ErrorDetail"]["properties"]["detail"]["type"] == "string"
+    assert "HTTPValidationError" not in schema["components"]["schemas"]  # FastAPI's array of detail: never sent
+
+
+def test_an_unexpected_fault_is_a_json_500(target_lm, monkeypatch):
+    from draftwise.remote import server
+
+    with _server(target_lm) as base, httpx.Client(base_url=base) as http:
+        session = _open(http)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(server.LocalTarget, "verify", broken)
+        response = _verify(http, session)
+        assert response.status_code == 500 and "a bug" in response.json()["detail"]
