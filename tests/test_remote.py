@@ -416,3 +416,56 @@ def test_an_unexpected_fault_is_a_json_500(target_lm, monkeypatch):
         monkeypatch.setattr(server.LocalTarget, "verify", broken)
         response = _verify(http, session)
         assert response.status_code == 500 and "a bug" in response.json()["detail"]
+
+
+def _remote_run(base: str, draft, prompt, config: GenerationConfig):
+    with connect(base, tokenizer=draft.tokenizer) as target:
+        return SpeculativeEngine(target, ModelDrafter(draft), tokenizer=draft.tokenizer).generate(prompt, config)
+
+
+def test_a_remote_run_ends_at_max_context_with_length_and_keeps_its_text(target_lm, tiny_near_draft):
+    config = GenerationConfig(max_new_tokens=100, ignore_eos=True, draft=FIXED)
+    local = SpeculativeEngine.from_models(target_lm, tiny_near_draft).generate(PROMPT, config)
+    with _server(target_lm, max_context=48) as base:
+        remote = _remote_run(base, tiny_near_draft, PROMPT, config)
+    assert remote.metrics.finish_reason == "length"
+    # Blocks shrink to fit, so the session fills up exactly; every token is the local one.
+    assert len(remote.prompt_ids) + len(remote.tokens) == 48
+    assert remote.tokens == local.tokens[: len(remote.tokens)]
+
+
+def test_a_verifier_that_disappears_mid_run_leaves_the_text_and_a_reason(target_lm, tiny_near_draft):
+    config = GenerationConfig(max_new_tokens=40, ignore_eos=True, draft=FIXED)
+    local = SpeculativeEngine.from_models(target_lm, tiny_near_draft).generate(PROMPT, config)
+    server = _server(target_lm)
+    base = server.__enter__()
+    with connect(base, tokenizer=tiny_near_draft.tokenizer) as target:
+        stream = SpeculativeEngine(target, ModelDrafter(tiny_near_draft), tokenizer=target_lm.tokenizer).stream(
+            PROMPT, config)
+        events = [next(stream), next(stream)]
+        server.__exit__(None, None, None)  # the verifier goes away mid-generation
+        events += list(stream)
+    tokens = [t for e in events for t in e.tokens]
+    assert events[-1].finish_reason == "error" and "cannot reach the verifier" in events[-1].extra["detail"]
+    assert 0 < len(tokens) < len(local.tokens) and tokens == local.tokens[: len(tokens)]
+
+
+def test_generate_cli_keeps_the_text_when_the_verifier_context_fills(target_lm):
+    with _server(target_lm, max_context=24) as base:
+        flags = ["--draft", "tiny:1", "--verifier", base, "--max-new-tokens", "50", "--ignore-eos", "--json", "Hello"]
+        result = subprocess.run([*DRAFTWISE, "generate", *flags], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["metrics"]["finish_reason"] == "length" and out["prompt_tokens"] + len(out["tokens"]) == 24
+
+
+def test_generate_cli_reports_a_verifier_refusal_after_printing_what_it_has(target_lm):
+    with _server(target_lm, max_q_entries=1) as base:  # a full draft distribution is over this limit
+        flags = ["--draft", "tiny:1", "--verifier", base, "--max-new-tokens", "8", "--temperature", "1", "--seed", "1",
+                 "--k-policy", "fixed", "--k", "4", "--json", "Hi"]
+        result = subprocess.run([*DRAFTWISE, "generate", *flags], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "stopped early" in result.stderr and "over the verifier's limit of 1" in result.stderr
+    assert json.loads(result.stdout)["metrics"]["finish_reason"] == "error"

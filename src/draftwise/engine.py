@@ -16,7 +16,8 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, ModelDrafter, Proposal
-from draftwise.events import StepEvent
+from draftwise.errors import ContextLengthError, TargetError
+from draftwise.events import NO_TOKEN, StepEvent
 from draftwise.metrics import GenerationMetrics
 from draftwise.lm import LanguageModel
 from draftwise.policies import DraftLengthPolicy, FixedK, make_policy
@@ -116,6 +117,19 @@ class _Run:
         self.step += 1
         return event
 
+    def end(self, refusal: TargetError) -> StepEvent:
+        """The closing event of a run the target cannot take further: no target pass, no new
+        token, only the text still held back for stop matching, and why it ended."""
+        self.finished = True
+        return StepEvent(
+            step=self.step, k=0, proposed=[], draft_probs=[], target_probs=[], n_accepted=0, next_token=NO_TOKEN,
+            tokens=[], sources=[], text=self.text.flush() if self.text is not None else "",
+            prefill_seconds=self.prefill_seconds if self.step == 0 else 0.0, draft_seconds=0.0, verify_seconds=0.0,
+            step_seconds=0.0, finished=True,
+            finish_reason="length" if isinstance(refusal, ContextLengthError) else "error",
+            extra={"detail": str(refusal)},
+        )
+
 
 def seeded_generators(seed: int | None) -> tuple[torch.Generator | None, torch.Generator | None]:
     """The (target, drafter) random streams of a seeded run; (None, None) without a seed.
@@ -170,11 +184,17 @@ class SpeculativeEngine:
             step_started = time.perf_counter()
             # 2. Choose the draft length; never draft past the token budget.
             k = min(policy.next_k(), config.max_new_tokens - run.generated - 1)
-            # 3. Draft.
-            proposal = self.drafter.propose(run.context, k) if self.drafter is not None and k > 0 else EMPTY_PROPOSAL
-            drafted = time.perf_counter()
-            # 4. Verify the whole block in one target pass.
-            check = self.target.verify(run.context, proposal)
+            try:
+                # 3. Draft.
+                proposal = self.drafter.propose(run.context, k) if self.drafter is not None and k > 0 else EMPTY_PROPOSAL
+                drafted = time.perf_counter()
+                # 4. Verify the whole block in one target pass.
+                check = self.target.verify(run.context, proposal)
+            except TargetError as refusal:
+                # A full context (target's or draft's) or a verifier gone away: end with the
+                # text so far and a finish reason instead of raising it away.
+                yield run.end(refusal)
+                return
             verified = time.perf_counter()
             # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
             observe = self.drafter.observe if self.drafter is not None else None

@@ -29,7 +29,7 @@ import torch
 
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.config import ModelOptions
-from draftwise.errors import DraftwiseError, ModelLoadError
+from draftwise.errors import ContextLengthError, ModelLoadError
 
 BATCH = 512  # tokens per llama_decode call; a longer prefill runs in pieces
 OUTPUTS_MAX = 64  # score rows per llama_decode call (sizes the context's output buffer)
@@ -38,8 +38,9 @@ _LOG_WARN = 2  # ggml log levels: 2 = warning, 3 = error, 5 = continuation of th
 _LOG_CONT = 5
 
 
-class ContextOverflowError(DraftwiseError, ValueError):
-    """More tokens than one sequence of this model may hold."""
+class ContextOverflowError(ContextLengthError, ValueError):
+    """More tokens than one sequence of this model may hold (mid-generation, the engine ends
+    the run with finish reason "length")."""
 
 
 class _Library:
