@@ -264,6 +264,9 @@ def test_openapi_lists_every_status_the_api_sends(url):
         responses = schema["paths"][path]["post"]["responses"]
         assert set(responses) == {"200", "400", "401", "404", "411", "413", "429", "500", "504"}
         assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
+        event = responses["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]
+        chunk = event["anyOf"][1]["contentSchema"]["anyOf"][0]["$ref"].rsplit("/", 1)[1]
+        assert chunk in schema["components"]["schemas"] and {"const": "[DONE]"} in event["anyOf"]
         assert "Retry-After" in responses["429"]["headers"]
         assert "WWW-Authenticate" in responses["401"]["headers"]
         for status, doc in responses.items():
@@ -273,3 +276,5 @@ def test_openapi_lists_every_status_the_api_sends(url):
     assert set(schema["paths"]["/v1/models"]["get"]["responses"]) == {"200", "401"}
     # Invalid input is a 400 in OpenAI's shape, never FastAPI's 422.
     assert "HTTPValidationError" not in schema["components"]["schemas"]
+    for request in ("CompletionRequest", "ChatCompletionRequest"):
+        assert schema["components"]["schemas"][request]["properties"]["model"]["enum"] == [MODEL]

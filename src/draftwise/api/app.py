@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from draftwise.api import schemas as s
 from draftwise.api.errors import APIError, install_handlers
 from draftwise.api.monitoring import ServerMetrics
+from draftwise.api.openapi import GUARDED, UNKNOWN_MODEL, complete, generation_responses
 from draftwise.api.pool import GenerationTimeout, Job, QueueFull, WorkerPool, build_workers
 from draftwise.api.settings import ServerSettings
 from draftwise.api.translate import Plan, encode_chat, encode_completion, plan
@@ -30,26 +31,10 @@ from draftwise.events import StepEvent
 from draftwise.metrics import GenerationMetrics
 from draftwise.lm import LanguageModel
 from draftwise.verify import TokenSource
-from draftwise.web import BodyLimit, bearer_guard, drop_framework_422, error_responses
+from draftwise.web import BodyLimit, bearer_guard, error_responses
 
 # The engine says why it stopped; OpenAI has two words for it.
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
-
-# What each route answers besides its 200, for /openapi.json; every error has OpenAI's shape.
-_GUARDED = {401: "missing or wrong API key (only when the server has one)"}
-_UNKNOWN_MODEL = {404: "no such model (`model_not_found`): see GET /v1/models"}
-_GENERATION_ERRORS = error_responses(s.ErrorResponse, {
-    400: "invalid request: the message says what is wrong, `param` names the field", **_GUARDED, **_UNKNOWN_MODEL,
-    411: "chunked request body: send a Content-Length", 413: "request body over the server's max_body_bytes",
-    429: "every worker is busy and the queue is full: retry after Retry-After seconds",
-    500: "a fault in the server, never the request's", 504: "the request ran past the server's request_timeout",
-})
-_GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"description": "the completion; with `stream: true`, server-sent events: one chunk object per "
-                         "`data:` line, ending with `data: [DONE]`",
-          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-    **_GENERATION_ERRORS,
-}
 
 
 def _provenance(event: StepEvent, tokenizer: Any) -> list[s.TokenProvenance]:
@@ -350,7 +335,7 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
                        endpoints=lambda: {route.path for route in app.routes})  # type: ignore[attr-defined]
 
     @app.post("/v1/completions", dependencies=guarded, response_model=s.CompletionResponse,
-              responses=_GENERATION_RESPONSES)
+              responses=generation_responses(s.CompletionChunk))
     async def completions(body: s.CompletionRequest, http: Request) -> Any:
         """Complete a prompt (OpenAI `completions`); `stream: true` answers with SSE chunks."""
         service.check_model(body.model)
@@ -358,7 +343,7 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
         return await service.generate(body, prompt, completion_shape, http)
 
     @app.post("/v1/chat/completions", dependencies=guarded, response_model=s.ChatCompletionResponse,
-              responses=_GENERATION_RESPONSES)
+              responses=generation_responses(s.ChatCompletionChunk))
     async def chat_completions(body: s.ChatCompletionRequest, http: Request) -> Any:
         """Answer a conversation with the target's chat template (OpenAI `chat.completions`)."""
         service.check_model(body.model)
@@ -369,13 +354,13 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
         return s.ModelCard(id=settings.served_model, created=service.created)
 
     @app.get("/v1/models", dependencies=guarded, response_model=s.ModelList,
-             responses=error_responses(s.ErrorResponse, _GUARDED))
+             responses=error_responses(s.ErrorResponse, GUARDED))
     async def models() -> s.ModelList:
         """The served model."""
         return s.ModelList(data=[card()])
 
     @app.get("/v1/models/{model:path}", dependencies=guarded, response_model=s.ModelCard,
-             responses=error_responses(s.ErrorResponse, {**_GUARDED, **_UNKNOWN_MODEL}))
+             responses=error_responses(s.ErrorResponse, {**GUARDED, **UNKNOWN_MODEL}))
     async def model_info(model: str) -> s.ModelCard:
         service.check_model(model)
         return card()
@@ -391,6 +376,6 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    drop_framework_422(app)  # invalid input is a 400 in OpenAI's shape (api.errors)
+    complete(app, settings.served_model)  # the rest of /openapi.json
     return app
 
