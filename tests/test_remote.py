@@ -173,12 +173,27 @@ def test_auth(target_lm):
 def test_lru_eviction(target_lm):
     with _server(target_lm, max_sessions=2) as base, httpx.Client(base_url=base) as http:
         first, second = _open(http), _open(http)
+        assert _verify(http, second).status_code == 200
         assert _verify(http, first).status_code == 200  # first is now the most recently used
         third = _open(http)  # evicts second, the least recently used
         assert _verify(http, second).status_code == 404
         assert _verify(http, first).status_code == 200  # keep=3: rewinds to the prompt
         assert _verify(http, third).status_code == 200
         assert http.get("/health").json()["sessions"] == 2
+
+
+def test_a_session_not_yet_verified_is_evicted_last(target_lm):
+    # Under churn (more active clients than slots) a reopened session could otherwise be
+    # evicted before its first verify: its prefill wasted, its client failing again.
+    with _server(target_lm, max_sessions=2) as base, httpx.Client(base_url=base) as http:
+        used, fresh = _open(http), _open(http)
+        assert _verify(http, used).status_code == 200  # fresh is now the least recently used
+        newest = _open(http)  # evicts used, the least recently used that has been verified
+        assert _verify(http, fresh).status_code == 200
+        assert _verify(http, used).status_code == 404
+        # With every slot unverified, the least recently used goes after all.
+        newer = _open(http), _open(http)
+        assert _verify(http, newest).status_code == 404 and _verify(http, newer[1]).status_code == 200
 
 
 def test_idle_sessions_expire_without_traffic(target_lm):

@@ -70,6 +70,7 @@ class _Session:
     sampling: SamplingConfig
     context: list[int]  # committed tokens, as the client's engine holds them
     last_used: float
+    verified: bool = False  # has served a verify since it was opened
 
 
 class VerifierService:
@@ -130,7 +131,7 @@ class VerifierService:
             now = time.monotonic()
             self._expire_locked(now)
             while len(self._sessions) >= self.settings.max_sessions:
-                self._sessions.popitem(last=False)
+                self._evict_locked()
             target = LocalTarget(self.lm.fork())
             started = time.perf_counter()
             target_generator, _ = seeded_generators(request.sampling.seed)
@@ -139,6 +140,16 @@ class VerifierService:
             session_id = secrets.token_urlsafe(12)
             self._sessions[session_id] = _Session(target, request.sampling, list(prompt), time.monotonic())
         return SessionOpened(session_id=session_id, context_length=len(prompt), prefill_seconds=prefill_seconds)
+
+    def _evict_locked(self) -> None:
+        """Drop the least recently used session that has served a verify, or else the least
+        recently used one. With more active clients than slots, plain LRU could evict a session
+        before its first verify: its prefill wasted, its client (reopening after an eviction)
+        failing again. Sparing those, every session opened gets to verify at least once."""
+        victim = next((sid for sid, session in self._sessions.items() if session.verified), None)
+        if victim is None:
+            victim = next(iter(self._sessions))
+        del self._sessions[victim]
 
     def close(self, session_id: str) -> None:
         with self._lock:
@@ -204,6 +215,7 @@ class VerifierService:
             check = session.target.verify(context, proposal)
             verdict = check.verdict
             session.context = context + request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
+            session.verified = True
         return encode_verify_response(
             verdict.n_accepted, verdict.next_token, time.perf_counter() - started, check.target_token_probs
         )
