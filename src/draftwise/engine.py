@@ -186,7 +186,8 @@ class SpeculativeEngine:
             k = min(policy.next_k(), config.max_new_tokens - run.generated - 1)
             try:
                 # 3. Draft.
-                proposal = self.drafter.propose(run.context, k) if self.drafter is not None and k > 0 else EMPTY_PROPOSAL
+                drafting = self.drafter is not None and k > 0
+                proposal = self.drafter.propose(run.context, k) if drafting else EMPTY_PROPOSAL
                 drafted = time.perf_counter()
                 # 4. Verify the whole block in one target pass.
                 check = self.target.verify(run.context, proposal)

@@ -21,7 +21,8 @@ ErrorResponse = Callable[[int, str], Response]
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 _HEADERS = {
-    401: {"WWW-Authenticate": {"description": "`Bearer`: the scheme to authenticate with", "schema": {"type": "string"}}},
+    401: {"WWW-Authenticate": {"description": "`Bearer`: the scheme to authenticate with",
+                               "schema": {"type": "string"}}},
     429: {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}},
 }
 
@@ -73,8 +74,12 @@ def bearer_guard(api_key: SecretStr | None, fail: Callable[[str, dict[str, str]]
 def error_responses(body: type[BaseModel], statuses: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI ``responses`` of a route's error statuses (status -> description), each with
     the server's error ``body`` and the headers it sends (a 401's challenge, a 429's Retry-After)."""
-    return {status: {"model": body, "description": text, **({"headers": _HEADERS[status]} if status in _HEADERS else {})}
-            for status, text in statuses.items()}
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status, text in statuses.items():
+        responses[status] = {"model": body, "description": text}
+        if status in _HEADERS:
+            responses[status]["headers"] = _HEADERS[status]
+    return responses
 
 
 def drop_framework_422(app: FastAPI) -> None:
