@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -178,3 +179,102 @@ def test_dashboard_client_sends_the_api_key(guarded_url):
         list(ApiClient(guarded_url).stream(body))
     chunks = list(ApiClient(guarded_url, api_key="s3cret").stream(body))
     assert chunks and all(c["object"] == "text_completion" for c in chunks)
+
+
+def _post_json(url: str, path: str, body: dict, **kwargs) -> httpx.Response:
+    """POST ``body`` as JSON with non-ASCII escaped: the only way to send a lone surrogate
+    (``"\\ud800"`` is valid JSON but not encodable text)."""
+    return httpx.post(f"{url}{path}", content=json.dumps(body), headers={"content-type": "application/json"}, **kwargs)
+
+
+def _completion_text(response: httpx.Response, stream: bool) -> str:
+    assert response.status_code == 200, response.text
+    if not stream:
+        return response.json()["choices"][0]["text"]
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert not [c for c in chunks if "error" in c], chunks  # no error event hidden in a 200
+    return "".join(choice["text"] for c in chunks for choice in c["choices"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 1e-40},  # raised to config.MIN_TEMPERATURE
+        {"temperature": 5e-324},
+        {"temperature": 1.0, "top_p": 1e-46},  # float32 has no such number: the top token is kept
+        {"temperature": 1.0, "top_p": 5e-324},
+        {"temperature": 1e-40, "top_p": 1e-46},
+    ],
+)
+def test_vanishing_temperature_or_top_p_samples_the_argmax(url, sampling, stream):
+    greedy = _completion_text(httpx.post(f"{url}/v1/completions", json={**OK, "max_tokens": 6, "temperature": 0}),
+                              stream=False)
+    body = {**OK, "max_tokens": 6, **sampling, "stream": stream}
+    assert _completion_text(_post_json(url, "/v1/completions", body), stream) == greedy
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {**OK, "prompt": "\ud800"}, "prompt"),
+        ("/v1/completions", {**OK, "prompt": "ok \udfff ok"}, "prompt"),
+        ("/v1/completions", {**OK, "prompt": ["\ud800"]}, "prompt"),
+        ("/v1/completions", {**OK, "stop": "\ud800"}, "stop"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "\ud800"}]},
+         "messages.0.content"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text",
+                                                                                      "text": "\ud800"}]}]},
+         "messages.0.content"),
+    ],
+)
+def test_text_that_is_not_unicode_is_a_400(url, path, body, param):
+    error = _error(_post_json(url, path, body), 400)
+    assert error["param"] == param and "surrogate" in error["message"]
+
+
+def test_lone_surrogates_elsewhere_are_4xx_too(url):
+    _error(_post_json(url, "/v1/completions", {**OK, "\ud800": 1}), 400)  # as a field name
+    assert _error(_post_json(url, "/v1/completions", {**OK, "model": "\ud800"}), 404)["code"] == "model_not_found"
+
+
+def test_a_401_says_how_to_authenticate(guarded_url):
+    for path in ("/v1/models", "/v1/models/tiny:0"):
+        response = httpx.get(f"{guarded_url}{path}")
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+    response = httpx.post(f"{guarded_url}/v1/completions", json=OK, headers={"Authorization": "Bearer wrong"})
+    assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+
+
+def test_docs_and_schema_are_open_as_the_readme_says(guarded_url):
+    for path in ("/health", "/metrics", "/docs", "/redoc", "/openapi.json"):
+        assert httpx.get(f"{guarded_url}{path}").status_code == 200, path
+
+
+def _documented(url: str) -> dict:
+    return httpx.get(f"{url}/openapi.json").json()
+
+
+def test_openapi_lists_every_status_the_api_sends(url):
+    schema = _documented(url)
+    error_ref = "#/components/schemas/ErrorResponse"
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert set(responses) == {"200", "400", "401", "404", "411", "413", "429", "500", "504"}
+        assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
+        event = responses["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]
+        chunk = event["anyOf"][1]["contentSchema"]["anyOf"][0]["$ref"].rsplit("/", 1)[1]
+        assert chunk in schema["components"]["schemas"] and {"const": "[DONE]"} in event["anyOf"]
+        assert "Retry-After" in responses["429"]["headers"]
+        assert "WWW-Authenticate" in responses["401"]["headers"]
+        for status, doc in responses.items():
+            if status != "200":
+                assert doc["content"]["application/json"]["schema"]["$ref"] == error_ref, (path, status)
+    assert set(schema["paths"]["/v1/models/{model}"]["get"]["responses"]) == {"200", "401", "404"}
+    assert set(schema["paths"]["/v1/models"]["get"]["responses"]) == {"200", "401"}
+    # Invalid input is a 400 in OpenAI's shape, never FastAPI's 422.
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    for request in ("CompletionRequest", "ChatCompletionRequest"):
+        assert schema["components"]["schemas"][request]["properties"]["model"]["enum"] == [MODEL]

@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from draftwise import DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.config import MIN_TEMPERATURE
 
 
 @pytest.mark.parametrize(
@@ -59,6 +60,20 @@ def test_good_values_and_defaults():
     assert cfg.draft.k == 20  # fixed k may exceed k_max: k_max only bounds the adaptive policies
     assert GenerationConfig().sampling.greedy
     assert DraftConfig().confidence_threshold == 0.6
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-40, MIN_TEMPERATURE / 10])
+def test_a_positive_temperature_below_the_floor_is_raised_to_it(temperature):
+    sampling = SamplingConfig(temperature=temperature)
+    assert sampling.temperature == MIN_TEMPERATURE and not sampling.greedy
+    # The rule is idempotent, so a config sent elsewhere (a remote verifier) validates the same.
+    assert SamplingConfig.model_validate(sampling.model_dump()) == sampling
+
+
+def test_temperatures_at_or_above_the_floor_are_kept():
+    assert SamplingConfig(temperature=0.0).greedy
+    assert SamplingConfig(temperature=MIN_TEMPERATURE).temperature == MIN_TEMPERATURE
+    assert SamplingConfig(temperature=0.3).temperature == 0.3
 
 
 def test_configs_are_frozen():

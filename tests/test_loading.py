@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from draftwise.chat import ChatTemplateError, encode_prompt
+from draftwise.chat import ChatTemplateError, PromptError, encode_prompt
 from draftwise.compat import IncompatibleModelsError, check_compatible
 from draftwise.backends.hf_loading import memory_bytes, pick_dtype
 from draftwise.config import ModelOptions
@@ -152,3 +152,9 @@ def test_chat_prompt_uses_the_template_and_plain_prompt_does_not():
     assert tokenizer.decode(ids) == "<user>hi<assistant>"
     with pytest.raises(ValueError, match="empty"):
         encode_prompt(tokenizer, "  ", chat=False)
+
+
+def test_a_prompt_that_is_not_unicode_is_a_prompt_error():
+    # What Python makes of a command-line byte that is not UTF-8 (surrogateescape).
+    with pytest.raises(PromptError, match="lone surrogate"):
+        encode_prompt(tiny_tokenizer(), "caf\udcc3", chat=False)

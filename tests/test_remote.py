@@ -173,12 +173,27 @@ def test_auth(target_lm):
 def test_lru_eviction(target_lm):
     with _server(target_lm, max_sessions=2) as base, httpx.Client(base_url=base) as http:
         first, second = _open(http), _open(http)
+        assert _verify(http, second).status_code == 200
         assert _verify(http, first).status_code == 200  # first is now the most recently used
         third = _open(http)  # evicts second, the least recently used
         assert _verify(http, second).status_code == 404
         assert _verify(http, first).status_code == 200  # keep=3: rewinds to the prompt
         assert _verify(http, third).status_code == 200
         assert http.get("/health").json()["sessions"] == 2
+
+
+def test_a_session_not_yet_verified_is_evicted_last(target_lm):
+    # Under churn (more active clients than slots) a reopened session could otherwise be
+    # evicted before its first verify: its prefill wasted, its client failing again.
+    with _server(target_lm, max_sessions=2) as base, httpx.Client(base_url=base) as http:
+        used, fresh = _open(http), _open(http)
+        assert _verify(http, used).status_code == 200  # fresh is now the least recently used
+        newest = _open(http)  # evicts used, the least recently used that has been verified
+        assert _verify(http, fresh).status_code == 200
+        assert _verify(http, used).status_code == 404
+        # With every slot unverified, the least recently used goes after all.
+        newer = _open(http), _open(http)
+        assert _verify(http, newest).status_code == 404 and _verify(http, newer[1]).status_code == 200
 
 
 def test_idle_sessions_expire_without_traffic(target_lm):
@@ -342,3 +357,130 @@ def test_generate_cli_with_a_remote_verifier(url, target_lm):
     refused = subprocess.run([*DRAFTWISE, "generate", *flags, "--compare"], capture_output=True, text=True,
                              timeout=120, env=env)
     assert refused.returncode != 0 and "--verifier" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0, "top_p": 1e-300}, {"temperature": 1.0, "top_p": 5e-324},
+                                      {"temperature": 1e-40}, {"temperature": 5e-324, "top_k": 1}])
+def test_vanishing_sampling_settings_verify_like_greedy(http, sampling):
+    greedy = decode_verify_response(_verify(http, _open(http), tokens=(5, 6)).content, 2)
+    response = _verify(http, _open(http, **sampling), tokens=(5, 6))
+    assert response.status_code == 200, response.text
+    answer = decode_verify_response(response.content, 2)
+    assert (answer.n_accepted, answer.next_token) == (greedy.n_accepted, greedy.next_token)
+
+
+def test_a_prompt_that_leaves_no_room_is_refused_when_the_session_opens(target_lm):
+    with _server(target_lm, max_context=64) as base, httpx.Client(base_url=base) as http:
+        full = http.post("/v1/sessions", json={"prompt": [1] * 64})
+        assert full.status_code == 422 and "max_context of 64" in full.json()["detail"]
+        session = _open(http, [1] * 63)  # room for exactly one more token
+        assert _verify(http, session, tokens=(), keep=63).status_code == 200
+        refused = _verify(http, session, tokens=(), keep=64)
+        assert refused.status_code == 422 and "max_context" in refused.json()["detail"]
+
+
+def test_max_context_is_capped_at_the_models_own(target_lm):
+    own = target_lm.max_context
+    with _server(target_lm) as base, httpx.Client(base_url=base) as http:  # default setting: 32768
+        assert VerifierSettings(target="x").max_context > own
+        assert http.get("/info").json()["limits"]["max_context"] == own
+        too_long = http.post("/v1/sessions", json={"prompt": [1] * (own + 10)})
+        assert too_long.status_code == 422 and f"max_context of {own}" in too_long.json()["detail"]
+    with _server(target_lm, max_context=100) as base, httpx.Client(base_url=base) as http:
+        assert http.get("/info").json()["limits"]["max_context"] == 100  # a smaller setting stays
+
+
+def test_a_401_says_how_to_authenticate_and_docs_are_open(target_lm):
+    with _server(target_lm, api_key="s3cret") as base, httpx.Client(base_url=base) as http:
+        for method, path in (("GET", "/info"), ("POST", "/v1/sessions"), ("DELETE", "/v1/sessions/x"),
+                             ("POST", "/v1/sessions/x/verify")):
+            response = http.request(method, path)
+            assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer", path
+        for path in ("/health", "/docs", "/redoc", "/openapi.json"):
+            assert http.get(path).status_code == 200, path
+
+
+def test_openapi_lists_every_status_the_verifier_sends(http):
+    schema = http.get("/openapi.json").json()
+    paths = schema["paths"]
+    expected = {
+        ("/v1/sessions", "post"): {"201", "400", "401", "411", "413", "422", "500"},
+        ("/v1/sessions/{session_id}", "delete"): {"204", "401", "404", "500"},
+        ("/v1/sessions/{session_id}/verify", "post"): {"200", "401", "404", "409", "411", "413", "422", "500"},
+        ("/info", "get"): {"200", "401", "500"},
+    }
+    for (path, method), statuses in expected.items():
+        responses = paths[path][method]["responses"]
+        assert set(responses) == statuses, (path, method)
+        for status in statuses - {"200", "201", "204"}:
+            body = responses[status]["content"]["application/json"]["schema"]
+            assert body["$ref"] == "#/components/schemas/ErrorDetail", (path, status)
+    assert schema["components"]["schemas"]["ErrorDetail"]["properties"]["detail"]["type"] == "string"
+    assert "HTTPValidationError" not in schema["components"]["schemas"]  # FastAPI's array of detail: never sent
+
+
+def test_an_unexpected_fault_is_a_json_500(target_lm, monkeypatch):
+    from draftwise.remote import server
+
+    with _server(target_lm) as base, httpx.Client(base_url=base) as http:
+        session = _open(http)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(server.LocalTarget, "verify", broken)
+        response = _verify(http, session)
+        assert response.status_code == 500 and "a bug" in response.json()["detail"]
+
+
+def _remote_run(base: str, draft, prompt, config: GenerationConfig):
+    with connect(base, tokenizer=draft.tokenizer) as target:
+        return SpeculativeEngine(target, ModelDrafter(draft), tokenizer=draft.tokenizer).generate(prompt, config)
+
+
+def test_a_remote_run_ends_at_max_context_with_length_and_keeps_its_text(target_lm, tiny_near_draft):
+    config = GenerationConfig(max_new_tokens=100, ignore_eos=True, draft=FIXED)
+    local = SpeculativeEngine.from_models(target_lm, tiny_near_draft).generate(PROMPT, config)
+    with _server(target_lm, max_context=48) as base:
+        remote = _remote_run(base, tiny_near_draft, PROMPT, config)
+    assert remote.metrics.finish_reason == "length"
+    # Blocks shrink to fit, so the session fills up exactly; every token is the local one.
+    assert len(remote.prompt_ids) + len(remote.tokens) == 48
+    assert remote.tokens == local.tokens[: len(remote.tokens)]
+
+
+def test_a_verifier_that_disappears_mid_run_leaves_the_text_and_a_reason(target_lm, tiny_near_draft):
+    config = GenerationConfig(max_new_tokens=40, ignore_eos=True, draft=FIXED)
+    local = SpeculativeEngine.from_models(target_lm, tiny_near_draft).generate(PROMPT, config)
+    server = _server(target_lm)
+    base = server.__enter__()
+    with connect(base, tokenizer=tiny_near_draft.tokenizer) as target:
+        stream = SpeculativeEngine(target, ModelDrafter(tiny_near_draft), tokenizer=target_lm.tokenizer).stream(
+            PROMPT, config)
+        events = [next(stream), next(stream)]
+        server.__exit__(None, None, None)  # the verifier goes away mid-generation
+        events += list(stream)
+    tokens = [t for e in events for t in e.tokens]
+    assert events[-1].finish_reason == "error" and "cannot reach the verifier" in events[-1].extra["detail"]
+    assert 0 < len(tokens) < len(local.tokens) and tokens == local.tokens[: len(tokens)]
+
+
+def test_generate_cli_keeps_the_text_when_the_verifier_context_fills(target_lm):
+    with _server(target_lm, max_context=24) as base:
+        flags = ["--draft", "tiny:1", "--verifier", base, "--max-new-tokens", "50", "--ignore-eos", "--json", "Hello"]
+        result = subprocess.run([*DRAFTWISE, "generate", *flags], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["metrics"]["finish_reason"] == "length" and out["prompt_tokens"] + len(out["tokens"]) == 24
+
+
+def test_generate_cli_reports_a_verifier_refusal_after_printing_what_it_has(target_lm):
+    with _server(target_lm, max_q_entries=1) as base:  # a full draft distribution is over this limit
+        flags = ["--draft", "tiny:1", "--verifier", base, "--max-new-tokens", "8", "--temperature", "1", "--seed", "1",
+                 "--k-policy", "fixed", "--k", "4", "--json", "Hi"]
+        result = subprocess.run([*DRAFTWISE, "generate", *flags], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "stopped early" in result.stderr and "over the verifier's limit of 1" in result.stderr
+    assert json.loads(result.stdout)["metrics"]["finish_reason"] == "error"

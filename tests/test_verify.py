@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from draftwise.config import MIN_TEMPERATURE
 from draftwise.verify import TokenSource, Verdict, logits_to_probs, verify, verify_greedy, verify_sampling
 
 V = 8
@@ -211,6 +212,34 @@ def test_probs_top_k():
 )
 def test_probs_top_p(top_p, expected):
     close(logits_to_probs(log_of(0.1, 0.2, 0.3, 0.4), 1.0, top_p=top_p), expected)
+
+
+@pytest.mark.parametrize("top_p", [1e-46, 5e-324, 1e-300])
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_probs_top_p_below_float32_keeps_the_most_likely_token(top_p, top_k):
+    # In float32 these round to 0, where the mass rule alone ("mass before < top_p") keeps nothing.
+    close(logits_to_probs(log_of(0.1, 0.2, 0.3, 0.4), 1.0, top_k=top_k, top_p=top_p), [0.0, 0.0, 0.0, 1.0])
+
+
+def test_sampling_with_a_vanishing_top_p_is_the_argmax():
+    logits = argmax_rows([5, 7, 1])
+    for seed in range(5):
+        verdict, _ = verify(tokens(5, 2), None, logits, 1.0, 0, 5e-324, gen(seed))
+        assert verdict == Verdict(n_accepted=1, next_token=7, n_proposed=2)
+
+
+def test_probs_at_the_temperature_floor_are_finite():
+    # Large score gaps: scores / temperature is huge, yet every row still sums to 1.
+    logits = torch.tensor([[30.0, 29.99, -5.0, -1e4], [-1e4, 0.0, 0.0, -3.0]])
+    out = logits_to_probs(logits, MIN_TEMPERATURE)
+    torch.testing.assert_close(out, torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.5, 0.5, 0.0]]))
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324, MIN_TEMPERATURE / 2])
+def test_probs_refuse_a_temperature_below_the_floor(temperature):
+    # SamplingConfig raises such a temperature to the floor; a direct caller hears about it.
+    with pytest.raises(ValueError, match="temperature"):
+        logits_to_probs(log_of(1, 2, 4), temperature)
 
 
 def test_probs_top_k_then_top_p_on_the_renormalised_distribution():

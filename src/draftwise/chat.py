@@ -27,11 +27,26 @@ def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]
     return list(tokenizer.encode(rendered, add_special_tokens=False))
 
 
+def encodable(text: str) -> str:
+    """``text`` itself, if it is valid Unicode; else a ``PromptError`` saying where it is not.
+
+    A Python string may hold a lone surrogate: JSON's ``"\\ud800"`` decodes to one, and so
+    does a command-line byte that is not UTF-8. No tokenizer takes such text.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(f"the text is not valid Unicode: it holds a lone surrogate ({text[exc.start]!r}) "
+                          f"at character {exc.start}") from None
+    return text
+
+
 def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
     """Token ids of ``text``; with ``chat``, as a single user turn followed by the assistant's
     turn opening, so the model answers rather than continues the user's text."""
     if not text.strip():
         raise PromptError("the prompt is empty")
+    encodable(text)
     if not chat:
         return list(tokenizer.encode(text))
     if not getattr(tokenizer, "chat_template", None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 KPolicyName = Literal["fixed", "heuristic", "cost"]
 
@@ -28,6 +28,14 @@ DEFAULT_DRAFT_QUANT: DraftQuant = "int4"
 Backend = Literal["auto", "llamacpp", "hf"]
 Dtype = Literal["auto", "float32", "bfloat16"]
 Device = Literal["auto", "cpu", "cuda"]
+
+
+# The smallest positive temperature: SamplingConfig raises any positive temperature below it to
+# it. Below about 1e-45 a temperature is 0 in float32 (scores / temperature is then inf or NaN),
+# and well before that scores / temperature leaves float32's range. At this floor two tokens
+# whose scores differ by 1e-4 already differ in probability by a factor of e^100, so only
+# near-ties could tell a smaller temperature apart; 0 is the way to ask for the argmax.
+MIN_TEMPERATURE = 1e-6
 
 
 class _Strict(BaseModel):
@@ -68,10 +76,23 @@ class SamplingConfig(_Strict):
     configured.
     """
 
-    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
+    temperature: float = Field(
+        0.0, ge=0.0, le=100.0,
+        description=f"0 = greedy; a positive temperature below {MIN_TEMPERATURE:g} counts as {MIN_TEMPERATURE:g}",
+    )
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = off")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass to keep; 1 = off")
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="nucleus mass to keep; 1 = off; the most likely token is always kept, however small top_p",
+    )
     seed: int | None = Field(None, ge=0, le=2**63 - 2, description="seed of the sampling generator")
+
+    @field_validator("temperature")
+    @classmethod
+    def _floor_temperature(cls, value: float) -> float:
+        # Clamped here, the one place every entry point (library, API, verifier) goes through,
+        # so the temperature a config reports is the one the distribution is computed with.
+        return MIN_TEMPERATURE if 0.0 < value < MIN_TEMPERATURE else value
 
     @property
     def greedy(self) -> bool:

@@ -16,7 +16,8 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, ModelDrafter, Proposal
-from draftwise.events import StepEvent
+from draftwise.errors import ContextLengthError, TargetError
+from draftwise.events import NO_TOKEN, StepEvent
 from draftwise.metrics import GenerationMetrics
 from draftwise.lm import LanguageModel
 from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy
@@ -67,6 +68,13 @@ class _Run:
     @property
     def remaining(self) -> int:
         return self.config.max_new_tokens - self.generated
+
+    def choose(self, drafter: Drafter | None) -> Choice:
+        """What the policy drafts next from the drafter's offers; never past the token budget
+        (the target adds a token of its own)."""
+        offers = drafter.offers(self.context) if drafter is not None else ()
+        choice = self.policy.choose(offers, self.remaining)
+        return Choice(choice.offer, min(choice.k, self.remaining - 1)) if choice.k else PLAIN
 
     def truncate(self, tokens: list[int]) -> tuple[list[int], str, str | None]:
         """Cut a step's tokens at the first stop; return (kept tokens, new text, finish reason)."""
@@ -122,6 +130,19 @@ class _Run:
         )
         self.step += 1
         return event
+
+    def end(self, refusal: TargetError) -> StepEvent:
+        """The closing event of a run the target cannot take further: no target pass, no new
+        token, only the text still held back for stop matching, and why it ended."""
+        self.finished = True
+        return StepEvent(
+            step=self.step, k=0, source=None, proposed=[], draft_probs=[], target_probs=[], n_accepted=0, next_token=NO_TOKEN,
+            tokens=[], sources=[], text=self.text.flush() if self.text is not None else "",
+            prefill_seconds=self.prefill_seconds if self.step == 0 else 0.0, draft_seconds=0.0, verify_seconds=0.0,
+            step_seconds=0.0, finished=True,
+            finish_reason="length" if isinstance(refusal, ContextLengthError) else "error",
+            extra={"detail": str(refusal)},
+        )
 
 
 def seeded_generators(seed: int | None) -> tuple[torch.Generator | None, torch.Generator | None]:
@@ -181,17 +202,20 @@ class SpeculativeEngine:
 
         while not run.finished:
             step_started = time.perf_counter()
-            # 2. Choose what to draft: a source the drafter offers and a length, or nothing;
-            #    never past the token budget.
-            offers = self.drafter.offers(run.context) if self.drafter is not None else ()
-            choice = policy.choose(offers, run.remaining)
-            choice = Choice(choice.offer, min(choice.k, run.remaining - 1)) if choice.k else PLAIN
-            # 3. Draft.
-            proposal = (self.drafter.propose(run.context, choice.k, choice.source)
-                        if self.drafter is not None and choice.k > 0 else EMPTY_PROPOSAL)
-            drafted = time.perf_counter()
-            # 4. Verify the whole block in one target pass.
-            check = self.target.verify(run.context, proposal)
+            # 2. Choose what to draft: a source the drafter offers and a length, or nothing.
+            choice = run.choose(self.drafter)
+            try:
+                # 3. Draft.
+                proposal = (self.drafter.propose(run.context, choice.k, choice.source)
+                            if self.drafter is not None and choice.k > 0 else EMPTY_PROPOSAL)
+                drafted = time.perf_counter()
+                # 4. Verify the whole block in one target pass.
+                check = self.target.verify(run.context, proposal)
+            except TargetError as refusal:
+                # A full context (target's or draft's) or a verifier gone away: end with the
+                # text so far and a finish reason instead of raising it away.
+                yield run.end(refusal)
+                return
             verified = time.perf_counter()
             # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
             observe = self.drafter.observe if self.drafter is not None else None

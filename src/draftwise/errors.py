@@ -23,3 +23,21 @@ class ModelLoadError(DraftwiseError, ValueError):
 
 class IncompatibleModelsError(DraftwiseError, ValueError):
     """The draft's tokenizer differs from the target's; the message names the difference."""
+
+
+class TargetError(DraftwiseError):
+    """The target cannot take the next step of a generation under way (a remote verifier
+    refused or went away); the message says why.
+
+    ``SpeculativeEngine.stream`` ends the generation there with what it has produced, finish
+    reason ``"error"``, rather than raise the text away.
+    """
+
+    exit_code = 1  # not necessarily the user's mistake: a server may be down
+
+
+class ContextLengthError(TargetError):
+    """The sequence holds as many tokens as the target (or the draft model) can: the engine
+    ends the generation with finish reason ``"length"``."""
+
+    exit_code = 2

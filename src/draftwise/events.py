@@ -10,6 +10,10 @@ from typing import Any
 
 from draftwise.verify import TokenSource
 
+# The next_token of the event that closes a run the target could not take further (its
+# context was full, a remote verifier refused or went away): that event made no target pass.
+NO_TOKEN = -1
+
 
 @dataclass(frozen=True)
 class StepEvent:
@@ -20,7 +24,7 @@ class StepEvent:
     draft_probs: list[float]  # q(x_i) of each proposed token (1.0 for deterministic drafters)
     target_probs: list[float]  # p(x_i) of each proposed token under the target
     n_accepted: int  # proposed tokens the target kept
-    next_token: int  # the correction (n_accepted < len(proposed)) or bonus token
+    next_token: int  # the correction (n_accepted < len(proposed)) or bonus token; NO_TOKEN: no target pass
     tokens: list[int]  # tokens emitted by this step, after stop truncation
     sources: list[TokenSource]  # provenance of each emitted token
     text: str  # new text released by this step ("" without a tokenizer)
@@ -29,8 +33,14 @@ class StepEvent:
     verify_seconds: float
     step_seconds: float  # whole step, including bookkeeping
     finished: bool = False
-    finish_reason: str | None = None  # "length" | "eos" | "stop"
-    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific timings (e.g. network)
+    finish_reason: str | None = None  # "length" | "eos" | "stop" | "error" (the target went away)
+    extra: dict[str, Any] = field(default_factory=dict)  # backend timings (e.g. network); "detail": why it ended
+
+    @property
+    def target_pass(self) -> bool:
+        """Whether the target verified a block in this step (all but a run's closing event
+        after the target refused)."""
+        return self.next_token != NO_TOKEN
 
     @property
     def other_seconds(self) -> float:

@@ -27,6 +27,11 @@ class GenerationMetrics:
     finish_reason: str | None = None
 
     def add(self, event: StepEvent) -> None:
+        if event.finished:
+            self.finish_reason = event.finish_reason
+        self.prefill_seconds += event.prefill_seconds
+        if not event.target_pass:  # a closing event: no block was verified, no token emitted
+            return
         self.new_tokens += len(event.tokens)
         self.target_passes += 1
         n_proposed = len(event.proposed)
@@ -39,14 +44,11 @@ class GenerationMetrics:
             self.proposed_at[i] += 1
             self.accepted_at[i] += int(i < event.n_accepted)
         self.accepted_length_counts[event.n_accepted] += 1
-        self.prefill_seconds += event.prefill_seconds
         self.draft_seconds += event.draft_seconds
         self.verify_seconds += event.verify_seconds
         self.other_seconds += event.other_seconds
         if self.first_token_seconds is None:
             self.first_token_seconds = event.prefill_seconds + event.step_seconds
-        if event.finished:
-            self.finish_reason = event.finish_reason
 
     @classmethod
     def from_events(cls, events: Iterable[StepEvent]) -> GenerationMetrics:

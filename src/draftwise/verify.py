@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from draftwise.config import MIN_TEMPERATURE
+
 
 class TokenSource(str, enum.Enum):
     ACCEPTED = "accepted"
@@ -54,12 +56,17 @@ def logits_to_probs(
     """Turn raw scores into the distribution the user configured.
 
     ``temperature == 0`` (greedy) returns the plain softmax: greedy decisions are made on
-    argmax, the probabilities are only reported. Top-k keeps exactly ``k`` tokens; top-p
-    then keeps the most likely tokens while the mass before them is below ``top_p``.
+    argmax, the probabilities are only reported. A positive temperature must be at least
+    ``MIN_TEMPERATURE`` (``SamplingConfig`` raises smaller ones to it). Top-k keeps exactly
+    ``k`` tokens; top-p then keeps the most likely tokens while the mass before them is below
+    ``top_p``, and always the most likely one.
     """
     scores = logits.float()
     if temperature <= 0:
         return scores.softmax(-1)
+    if temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature {temperature:g} is below the floor of {MIN_TEMPERATURE:g} "
+                         "(scores / temperature would leave float32's range); SamplingConfig raises it to the floor")
     scores = scores / temperature
     if not 0 < top_k < scores.shape[-1]:
         top_k = 0
@@ -82,10 +89,12 @@ def logits_to_probs(
                 break
             size = min(full.shape[-1], 8 * size)
     if top_p < 1.0:
-        # Mass strictly before each token: a token is kept while that mass is < top_p,
-        # so the most likely token always survives.
-        mass_before = probs.cumsum(-1) - probs
-        probs = probs.masked_fill(mass_before >= top_p, 0.0)
+        # Mass strictly before each token: a token is kept while that mass is < top_p. The
+        # most likely token (mass before it: 0) is kept explicitly, because a top_p too small
+        # for float32 (below ~1e-45) compares as 0 and would otherwise drop every token.
+        drop = probs.cumsum(-1) - probs >= top_p
+        drop[..., 0] = False
+        probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return torch.zeros_like(scores).scatter_(-1, order, probs)
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from draftwise.api import schemas as s
 from draftwise.api.errors import APIError, install_handlers
 from draftwise.api.monitoring import ServerMetrics
+from draftwise.api.openapi import GUARDED, UNKNOWN_MODEL, complete, generation_responses
 from draftwise.api.pool import GenerationTimeout, Job, QueueFull, WorkerPool, build_workers
 from draftwise.api.settings import ServerSettings
 from draftwise.api.translate import Plan, encode_chat, encode_completion, plan
@@ -30,7 +31,7 @@ from draftwise.events import StepEvent
 from draftwise.metrics import GenerationMetrics
 from draftwise.lm import LanguageModel
 from draftwise.verify import TokenSource
-from draftwise.web import BodyLimit, bearer_guard
+from draftwise.web import BodyLimit, bearer_guard, error_responses
 
 # The engine says why it stopped; OpenAI has two words for it.
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -288,6 +289,59 @@ class _Service:
         yield "data: [DONE]\n\n"
 
 
+def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
+    """OpenAI's routes: completions, chat completions and models. (Added to ``app`` itself, not
+    through a router: request counting names endpoints by ``app.routes``.)"""
+    completion_shape, chat_shape = _CompletionShape(), _ChatShape()
+
+    @app.post("/v1/completions", dependencies=guarded, response_model=s.CompletionResponse,
+              responses=generation_responses(s.CompletionChunk))
+    async def completions(body: s.CompletionRequest, http: Request) -> Any:
+        """Complete a prompt (OpenAI `completions`); `stream: true` answers with SSE chunks."""
+        service.check_model(body.model)
+        prompt = encode_completion(body, service.tokenizer, service.vocab_size)
+        return await service.generate(body, prompt, completion_shape, http)
+
+    @app.post("/v1/chat/completions", dependencies=guarded, response_model=s.ChatCompletionResponse,
+              responses=generation_responses(s.ChatCompletionChunk))
+    async def chat_completions(body: s.ChatCompletionRequest, http: Request) -> Any:
+        """Answer a conversation with the target's chat template (OpenAI `chat.completions`)."""
+        service.check_model(body.model)
+        prompt = encode_chat(body, service.tokenizer)
+        return await service.generate(body, prompt, chat_shape, http)
+
+    def card() -> s.ModelCard:
+        return s.ModelCard(id=service.settings.served_model, created=service.created)
+
+    @app.get("/v1/models", dependencies=guarded, response_model=s.ModelList,
+             responses=error_responses(s.ErrorResponse, GUARDED))
+    async def models() -> s.ModelList:
+        """The served model."""
+        return s.ModelList(data=[card()])
+
+    @app.get("/v1/models/{model:path}", dependencies=guarded, response_model=s.ModelCard,
+             responses=error_responses(s.ErrorResponse, {**GUARDED, **UNKNOWN_MODEL}))
+    async def model_info(model: str) -> s.ModelCard:
+        service.check_model(model)
+        return card()
+
+
+def _add_status_routes(app: FastAPI, service: _Service) -> None:
+    """Liveness and Prometheus metrics, open without a key for probes and scrapers."""
+    settings, pool = service.settings, service.pool
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Liveness and load: workers busy, requests waiting."""
+        return {"status": "ok", "model": settings.served_model, "draft": settings.draft,
+                "drafter": settings.default_drafter, "workers": pool.size, "active": pool.running,
+                "queued": pool.waiting, "queue_size": pool.queue_size}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
 def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
                draft: LanguageModel | None = None, log: Callable[[str], None] | None = None) -> FastAPI:
     """Build the server. Models are loaded from ``settings`` unless given; given models are
@@ -305,7 +359,6 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
     pool = WorkerPool(build_workers(target, draft, settings.workers), settings.queue_size,
                       settings.request_timeout, metrics)
     service = _Service(settings, target, draft is not None, pool, metrics)
-    completion_shape, chat_shape = _CompletionShape(), _ChatShape()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -325,51 +378,16 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
     install_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        error=lambda status, message: APIError(status, message).response())
-    authorize = bearer_guard(settings.api_key,
-                             lambda message: APIError(401, message, type="authentication_error", code="invalid_api_key"))
-    guarded = [Depends(authorize)]  # /health and /metrics stay open for probes and scrapers
+    authorize = bearer_guard(settings.api_key, lambda message, headers: APIError(
+        401, message, type="authentication_error", code="invalid_api_key", headers=headers))
+    # Open without a key: /health and /metrics (probes, scrapers) and the API's description
+    # (/docs, /redoc, /openapi.json), which holds nothing the source does not.
+    guarded = [Depends(authorize)]
     app.add_middleware(_CountRequests, metrics=metrics,
                        endpoints=lambda: {route.path for route in app.routes})  # type: ignore[attr-defined]
 
-    @app.post("/v1/completions", dependencies=guarded, response_model=s.CompletionResponse,
-              responses={400: {"model": s.ErrorResponse}, 429: {"model": s.ErrorResponse}})
-    async def completions(body: s.CompletionRequest, http: Request) -> Any:
-        """Complete a prompt (OpenAI `completions`); `stream: true` answers with SSE chunks."""
-        service.check_model(body.model)
-        prompt = encode_completion(body, service.tokenizer, service.vocab_size)
-        return await service.generate(body, prompt, completion_shape, http)
-
-    @app.post("/v1/chat/completions", dependencies=guarded, response_model=s.ChatCompletionResponse,
-              responses={400: {"model": s.ErrorResponse}, 429: {"model": s.ErrorResponse}})
-    async def chat_completions(body: s.ChatCompletionRequest, http: Request) -> Any:
-        """Answer a conversation with the target's chat template (OpenAI `chat.completions`)."""
-        service.check_model(body.model)
-        prompt = encode_chat(body, service.tokenizer)
-        return await service.generate(body, prompt, chat_shape, http)
-
-    def card() -> s.ModelCard:
-        return s.ModelCard(id=settings.served_model, created=service.created)
-
-    @app.get("/v1/models", dependencies=guarded, response_model=s.ModelList)
-    async def models() -> s.ModelList:
-        """The served model."""
-        return s.ModelList(data=[card()])
-
-    @app.get("/v1/models/{model:path}", dependencies=guarded, response_model=s.ModelCard)
-    async def model_info(model: str) -> s.ModelCard:
-        service.check_model(model)
-        return card()
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        """Liveness and load: workers busy, requests waiting."""
-        return {"status": "ok", "model": settings.served_model, "draft": settings.draft,
-                "drafter": settings.default_drafter, "workers": pool.size, "active": pool.running,
-                "queued": pool.waiting, "queue_size": pool.queue_size}
-
-    @app.get("/metrics", include_in_schema=False)
-    async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
+    _add_v1_routes(app, service, guarded)
+    _add_status_routes(app, service)
+    complete(app, settings.served_model)  # the rest of /openapi.json
     return app
 

@@ -43,6 +43,8 @@ class ServerMetrics:
 
     def observe_step(self, event: StepEvent, since_arrival: float | None) -> None:
         """Record one engine step; ``since_arrival`` is set on a request's first step (its TTFT)."""
+        if not event.target_pass:  # the closing event of a run the target could not take further
+            return
         self.target_passes.inc()
         self.tokens.inc(len(event.tokens))
         self.proposed.inc(len(event.proposed))

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer
 
 from draftwise.api.settings import DrafterName
+from draftwise.chat import encodable
 from draftwise.config import DraftConfig
 
 
@@ -69,6 +70,8 @@ class GenerationRequest(_Request):
             raise ValueError("at most 4 stop sequences are allowed")
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must not be empty")
+        for stop in stops:
+            encodable(stop)
         return stops
 
     @field_validator("logprobs")
@@ -106,7 +109,7 @@ class CompletionRequest(GenerationRequest):
             raise ValueError("the prompt is empty")
         if isinstance(value, list) and min(value) < 0:
             raise ValueError("token ids must not be negative")
-        return value
+        return encodable(value) if isinstance(value, str) else value
 
 
 class TextPart(_Request):
@@ -118,6 +121,13 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, value: str | list[TextPart]) -> str | list[TextPart]:
+        for text in [value] if isinstance(value, str) else [part.text for part in value]:
+            encodable(text)  # what reaches the tokenizer must be valid Unicode
+        return value
 
     @property
     def text(self) -> str:

@@ -29,7 +29,7 @@ import torch
 
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.config import ModelOptions
-from draftwise.errors import DraftwiseError, ModelLoadError
+from draftwise.errors import ContextLengthError, ModelLoadError
 from draftwise.registry import derived_path
 
 BATCH = 512  # tokens per llama_decode call; a longer prefill runs in pieces
@@ -39,8 +39,9 @@ _LOG_WARN = 3  # ggml log levels (ggml.h): 3 = warning, 4 = error, 5 = continuat
 _LOG_CONT = 5
 
 
-class ContextOverflowError(DraftwiseError, ValueError):
-    """More tokens than one sequence of this model may hold."""
+class ContextOverflowError(ContextLengthError, ValueError):
+    """More tokens than one sequence of this model may hold (mid-generation, the engine ends
+    the run with finish reason "length")."""
 
 
 class _Library:

@@ -238,6 +238,9 @@ def _run(prompt: str | None, file: Path | None, target: str | None, draft: str |
     backend = loaded.target or loaded.draft
     run = {"target": target, "draft": draft, "drafter": drafter, "backend": backend.backend, "dtype": backend.dtype}
     _report(result, baseline, config, label, run, as_json, out)
+    if result.metrics.finish_reason == "error":  # the verifier refused or went away mid-run
+        raise fail(f"generation stopped early, after {result.metrics.new_tokens} tokens (shown above): "
+                   f"{result.events[-1].extra['detail']}", 1)
 
 
 def _speedup(result: Any, baseline: Any) -> float:

@@ -20,7 +20,7 @@ import torch
 
 from draftwise.config import GenerationConfig, SamplingConfig
 from draftwise.drafters import Proposal
-from draftwise.errors import DraftwiseError
+from draftwise.errors import ContextLengthError, TargetError
 from draftwise.remote.protocol import (
     PROTOCOL_VERSION,
     OpenSession,
@@ -36,13 +36,12 @@ from draftwise.target import Verification
 from draftwise.verify import Verdict
 
 
-class RemoteVerifierError(DraftwiseError, RuntimeError):
+class RemoteVerifierError(TargetError, RuntimeError):
     """The verifier cannot be used (unreachable, refused, incompatible); the message says why.
 
-    ``status`` is the HTTP status of a refusal, ``None`` when there was no answer.
+    ``status`` is the HTTP status of a refusal, ``None`` when there was no answer. Mid-run, the
+    engine ends the generation with what it has (finish reason "error").
     """
-
-    exit_code = 1  # not necessarily the user's mistake: the server may be down
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -126,9 +125,23 @@ class RemoteTarget:
         values, ids = torch.topk(probs, width, dim=-1)
         return ids, values
 
+    def _fit(self, context: Sequence[int], proposal: Proposal) -> Proposal:
+        """``proposal``, cut to what the session has room for; ``ContextLengthError`` when the
+        session is full. A session holds the context, the block and the token a verify adds."""
+        limit = self.info.limits.max_context
+        room = limit - len(context) - 1
+        if room < 0:
+            raise ContextLengthError(f"the verifier at {self.url} holds at most {limit} tokens per session "
+                                     f"(its max_context), and the context has {len(context)}")
+        if len(proposal) <= room:
+            return proposal
+        # Verifying fewer draft tokens is always valid: the rest are simply not offered.
+        return Proposal(proposal.tokens[:room], None if proposal.probs is None else proposal.probs[:room])
+
     def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
         if self._session is None:
             raise RemoteVerifierError("verify called before start")
+        proposal = self._fit(context, proposal)
         tokens = proposal.tokens.tolist()
         q_ids, q_probs = self._sparse_q(proposal)
         q_ids_np = None if q_ids is None else q_ids.numpy()

@@ -168,7 +168,7 @@ class SessionOpened(_Strict):
 class Limits(_Strict):
     max_sessions: int
     idle_timeout_s: float
-    max_context: int
+    max_context: int = Field(..., description="tokens a session may hold: the setting, capped at the model's own")
     max_block: int
     max_q_entries: int
     max_body_bytes: int
@@ -186,3 +186,9 @@ class ServerInfo(_Strict):
 class Health(_Strict):
     status: str
     sessions: int
+
+
+class ErrorDetail(_Strict):
+    """Every error the verifier answers (4xx, and 500 for a fault of its own)."""
+
+    detail: str = Field(..., description="what is wrong, in one line")

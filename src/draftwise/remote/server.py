@@ -33,6 +33,7 @@ from draftwise.engine import seeded_generators
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import (
     PROTOCOL_VERSION,
+    ErrorDetail,
     Health,
     Limits,
     OpenSession,
@@ -46,7 +47,7 @@ from draftwise.remote.protocol import (
 )
 from draftwise.remote.settings import VerifierSettings
 from draftwise.target import LocalTarget
-from draftwise.web import BodyLimit, bearer_guard
+from draftwise.web import BodyLimit, bearer_guard, drop_framework_422, error_responses
 
 # q rows are probabilities computed in float32 by the drafter: their sum may exceed 1 by
 # round-off, never by more than this.
@@ -56,10 +57,11 @@ _Q_SUM_SLACK = 1e-3
 class VerifierError(Exception):
     """A request the server refuses: an HTTP status and a message for the client."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
 
 
 @dataclass
@@ -68,6 +70,7 @@ class _Session:
     sampling: SamplingConfig
     context: list[int]  # committed tokens, as the client's engine holds them
     last_used: float
+    verified: bool = False  # has served a verify since it was opened
 
 
 class VerifierService:
@@ -82,6 +85,8 @@ class VerifierService:
         self.lm = lm
         self.vocab_size = lm.vocab_size
         self.fingerprint = tokenizer_fingerprint(lm.tokenizer)
+        # A session can hold no more than the model itself can, whatever the setting says.
+        self.max_context = min(settings.max_context, lm.max_context or settings.max_context)
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
 
@@ -100,7 +105,7 @@ class VerifierService:
             limits=Limits(
                 max_sessions=s.max_sessions,
                 idle_timeout_s=s.idle_timeout_s,
-                max_context=s.max_context,
+                max_context=self.max_context,
                 max_block=s.max_block,
                 max_q_entries=s.max_q_entries,
                 max_body_bytes=s.max_body_bytes,
@@ -116,16 +121,17 @@ class VerifierService:
 
     def open(self, request: OpenSession) -> SessionOpened:
         prompt = request.prompt
-        if len(prompt) > self.settings.max_context:
+        if len(prompt) >= self.max_context:  # a session must also hold the token a verify adds
             raise VerifierError(
-                422, f"prompt has {len(prompt)} tokens, over this server's max_context of {self.settings.max_context}"
+                422, f"prompt has {len(prompt)} tokens; this server's max_context of {self.max_context} leaves "
+                f"room for prompts of at most {self.max_context - 1} (each verify adds a token)"
             )
         self._check_ids(np.asarray(prompt, dtype=np.int64), "prompt")
         with self._lock:
             now = time.monotonic()
             self._expire_locked(now)
             while len(self._sessions) >= self.settings.max_sessions:
-                self._sessions.popitem(last=False)
+                self._evict_locked()
             target = LocalTarget(self.lm.fork())
             started = time.perf_counter()
             target_generator, _ = seeded_generators(request.sampling.seed)
@@ -134,6 +140,16 @@ class VerifierService:
             session_id = secrets.token_urlsafe(12)
             self._sessions[session_id] = _Session(target, request.sampling, list(prompt), time.monotonic())
         return SessionOpened(session_id=session_id, context_length=len(prompt), prefill_seconds=prefill_seconds)
+
+    def _evict_locked(self) -> None:
+        """Drop the least recently used session that has served a verify, or else the least
+        recently used one. With more active clients than slots, plain LRU could evict a session
+        before its first verify: its prefill wasted, its client (reopening after an eviction)
+        failing again. Sparing those, every session opened gets to verify at least once."""
+        victim = next((sid for sid, session in self._sessions.items() if session.verified), None)
+        if victim is None:
+            victim = next(iter(self._sessions))
+        del self._sessions[victim]
 
     def close(self, session_id: str) -> None:
         with self._lock:
@@ -187,10 +203,10 @@ class VerifierService:
             context = session.context[: request.keep] + request.append.tolist()
             if not context:
                 raise VerifierError(422, "the context would be empty: keep or append at least one token")
-            if len(context) + k + 1 > limits.max_context:
+            if len(context) + k + 1 > self.max_context:
                 raise VerifierError(
-                    422, f"context of {len(context)} tokens plus a block of {k} is over max_context of "
-                    f"{limits.max_context}"
+                    422, f"context of {len(context)} tokens plus a block of {k} and the token it adds is over "
+                    f"max_context of {self.max_context}"
                 )
             proposal = Proposal(
                 tokens=torch.from_numpy(request.tokens.astype(np.int64)),
@@ -199,6 +215,7 @@ class VerifierService:
             check = session.target.verify(context, proposal)
             verdict = check.verdict
             session.context = context + request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
+            session.verified = True
         return encode_verify_response(
             verdict.n_accepted, verdict.next_token, time.perf_counter() - started, check.target_token_probs
         )
@@ -241,10 +258,91 @@ _VERIFY_DOC = (
     "float32 target_probs[k]`."
 )
 
+# The error statuses each route sends, for /openapi.json; every one has an ErrorDetail body.
+_AUTH = {401: "missing or wrong API key (only when the server has one)",
+         500: "a fault in the server, never the request's"}
+_BODY = {411: "chunked request body: send a Content-Length", 413: "request body over max_body_bytes"}
+_UNKNOWN = {404: "unknown session (closed, expired or evicted): open a new one"}
+_OPEN_ERRORS = {**_AUTH, **_BODY, 400: "the body is not JSON text (not UTF-8)",
+                422: "invalid session settings or prompt (the message names the field), or a prompt that "
+                     "leaves no room under max_context"}
+_VERIFY_ERRORS = {**_AUTH, **_BODY, **_UNKNOWN, 409: "keep is past the session's context",
+                  422: "a body that breaks the wire format or a limit (max_block, max_context, max_q_entries), "
+                       "or token ids outside the vocabulary"}
+
+
+def _install_handlers(app: FastAPI) -> None:
+    """Every error as JSON ``{"detail": "..."}``: refusals, invalid input, HTTP errors, and faults."""
+
+    @app.exception_handler(VerifierError)
+    async def _verifier_error(request: Request, exc: VerifierError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return _error(422, "; ".join(problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _fault(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not the client's doing; still an answer the client can read (uvicorn logs it).
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _session_routes(service: VerifierService, authorize: Callable[..., Any]) -> APIRouter:
+    """The key-guarded routes: server info and the session lifecycle."""
+    router = APIRouter(dependencies=[Depends(authorize)])
+
+    @router.get("/info", response_model=ServerInfo, tags=["status"], responses=error_responses(ErrorDetail, _AUTH))
+    def info() -> ServerInfo:
+        """The model, its tokenizer fingerprint and vocabulary size, and the server's limits."""
+        return service.info()
+
+    @router.post("/v1/sessions", response_model=SessionOpened, status_code=201, tags=["sessions"],
+                 responses=error_responses(ErrorDetail, _OPEN_ERRORS))
+    def open_session(body: OpenSession) -> SessionOpened:
+        """Open a session: prefill the prompt (all but its last token) into a fresh KV cache."""
+        return service.open(body)
+
+    @router.delete("/v1/sessions/{session_id}", status_code=204, tags=["sessions"],
+                   responses=error_responses(ErrorDetail, {**_AUTH, **_UNKNOWN}))
+    def close_session(session_id: str) -> Response:
+        """Close a session and free its cache."""
+        service.close(session_id)
+        return Response(status_code=204)
+
+    @router.post(
+        "/v1/sessions/{session_id}/verify",
+        tags=["sessions"],
+        description=_VERIFY_DOC,
+        response_class=Response,
+        responses={200: {"content": {"application/octet-stream": {}}}, **error_responses(ErrorDetail, _VERIFY_ERRORS)},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+    )
+    async def verify(session_id: str, request: Request) -> Response:
+        body = await request.body()
+        answer = await anyio.to_thread.run_sync(service.verify, session_id, body)
+        return Response(answer, media_type="application/octet-stream")
+
+    return router
+
 
 def create_app(settings: VerifierSettings, lm: LanguageModel | None = None,
                log: Callable[[str], None] | None = None) -> FastAPI:
-    """Build the verifier app; loads ``settings.target`` unless a loaded ``lm`` is given."""
+    """Build the verifier app; loads ``settings.target`` unless a loaded ``lm`` is given.
+
+    Open without a key: ``/health`` (for probes) and the API's description (``/docs``,
+    ``/redoc``, ``/openapi.json``); every other route needs the key when there is one.
+    """
     if lm is None:
         from draftwise.loading import load_lm
 
@@ -277,64 +375,16 @@ def create_app(settings: VerifierSettings, lm: LanguageModel | None = None,
     )
     app.state.service = service
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, error=_error)
-
-    @app.exception_handler(VerifierError)
-    async def _verifier_error(request: Request, exc: VerifierError) -> JSONResponse:
-        return _error(exc.status, exc.message)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        return _error(422, "; ".join(problems))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail), exc.headers)
-
-    authorize = bearer_guard(settings.api_key, lambda message: VerifierError(401, message))
+    _install_handlers(app)
 
     @app.get("/health", response_model=Health, tags=["status"])
     async def health() -> Health:
         """Liveness; open without a key so load balancers can probe it."""
         return Health(status="ok", sessions=service.session_count)
 
-    router = APIRouter(dependencies=[Depends(authorize)])
-
-    @router.get("/info", response_model=ServerInfo, tags=["status"])
-    def info() -> ServerInfo:
-        """The model, its tokenizer fingerprint and vocabulary size, and the server's limits."""
-        return service.info()
-
-    @router.post("/v1/sessions", response_model=SessionOpened, status_code=201, tags=["sessions"])
-    def open_session(body: OpenSession) -> SessionOpened:
-        """Open a session: prefill the prompt (all but its last token) into a fresh KV cache."""
-        return service.open(body)
-
-    @router.delete("/v1/sessions/{session_id}", status_code=204, tags=["sessions"])
-    def close_session(session_id: str) -> Response:
-        """Close a session and free its cache."""
-        service.close(session_id)
-        return Response(status_code=204)
-
-    @router.post(
-        "/v1/sessions/{session_id}/verify",
-        tags=["sessions"],
-        description=_VERIFY_DOC,
-        response_class=Response,
-        responses={200: {"content": {"application/octet-stream": {}}}},
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-            }
-        },
-    )
-    async def verify(session_id: str, request: Request) -> Response:
-        body = await request.body()
-        answer = await anyio.to_thread.run_sync(service.verify, session_id, body)
-        return Response(answer, media_type="application/octet-stream")
-
-    app.include_router(router)
+    authorize = bearer_guard(settings.api_key, lambda message, headers: VerifierError(401, message, headers))
+    app.include_router(_session_routes(service, authorize))
+    drop_framework_422(app)
     return app
 
 

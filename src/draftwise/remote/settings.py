@@ -19,7 +19,10 @@ class VerifierSettings(BaseModel):
     api_key: SecretStr | None = Field(
         None, description="require 'Authorization: Bearer KEY' on every endpoint but /health"
     )
-    max_sessions: int = Field(8, ge=1, le=4096, description="open sessions; beyond, the least recently used is evicted")
+    max_sessions: int = Field(
+        8, ge=1, le=4096,
+        description="open sessions; beyond, the least recently used is evicted (sessions not yet verified go last)",
+    )
     idle_timeout_s: float = Field(
         300.0, gt=0, description="a session unused this long is closed (its client is presumed gone)"
     )
