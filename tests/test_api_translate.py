@@ -58,7 +58,7 @@ def test_plan_defaults_overrides_and_context():
     request = CompletionRequest(model="t", prompt="x", temperature=0, stop="END",
                                 speculative={"k": 6, "confidence_threshold": 0.2, "provenance": True})
     p = plan(request, [1, 2, 3], settings, context_limit=1000, has_draft=True)
-    assert p.drafter == "model" and p.provenance
+    assert p.drafter == "hybrid" and p.provenance  # the default with a draft model
     assert p.config.max_new_tokens == 50 and p.config.stop == ("END",)
     assert p.config.sampling.greedy
     # Overridden knobs change, the others keep the server's defaults.
@@ -75,7 +75,7 @@ def test_settings_reject_model_drafter_without_draft():
     with pytest.raises(ValueError, match="needs a draft model"):
         ServerSettings(target="t", drafter="model")
     assert ServerSettings(target="t").default_drafter == "ngram"
-    assert ServerSettings(target="t", draft="d").default_drafter == "model"
+    assert ServerSettings(target="t", draft="d").default_drafter == "hybrid"
 
 
 def test_a_list_of_one_prompt_is_that_prompt():
