@@ -258,15 +258,17 @@ def test_probs_rows_are_independent():
 
 def test_verify_dispatches_on_temperature():
     logits = argmax_rows([5, 7, 1])
-    verdict, target_probs = verify(tokens(5, 2), None, logits, 0.0, 0, 1.0, None)
+    verdict, token_probs = verify(tokens(5, 2), None, logits, 0.0, 0, 1.0, None)
     assert verdict == Verdict(n_accepted=1, next_token=7, n_proposed=2)
-    torch.testing.assert_close(target_probs, logits.softmax(-1))
+    torch.testing.assert_close(token_probs, logits.softmax(-1)[[0, 1], [5, 2]])
 
     one_hot = torch.full((3, V), -1e9)
     one_hot[0, 5] = one_hot[1, 2] = one_hot[2, 6] = 0.0
-    verdict, target_probs = verify(tokens(5, 2), None, one_hot, 1.0, 0, 1.0, gen(0))
+    verdict, token_probs = verify(tokens(5, 2), None, one_hot, 1.0, 0, 1.0, gen(0))
     assert verdict == Verdict(n_accepted=2, next_token=6, n_proposed=2)
-    assert target_probs.shape == (3, V)
+    torch.testing.assert_close(token_probs, torch.tensor([1.0, 1.0]))
+    _, none = verify(tokens(), None, logits[:1], 0.0, 0, 1.0, None)  # a plain step: nothing to report
+    assert none.shape == (0,)
 
 
 @pytest.mark.parametrize("nucleus", [1, 40, 601, 999])

@@ -57,10 +57,9 @@ class LocalTarget:
         k = len(proposal)
         logits = self.lm.forward(feed, last=k + 1)  # [k + 1, V]
         s = self._config.sampling
-        verdict, target_probs = verify(
+        verdict, token_probs = verify(
             proposal.tokens, proposal.probs, logits, s.temperature, s.top_k, s.top_p, self._generator
         )
         # Keep the accepted tokens; the next token is fed with the next block.
         self.lm.rollback(len(context) + verdict.n_accepted)
-        token_probs = target_probs[:k].gather(1, proposal.tokens[:, None]).squeeze(1).tolist() if k else []
-        return Verification(verdict=verdict, target_token_probs=token_probs)
+        return Verification(verdict=verdict, target_token_probs=token_probs.tolist())

@@ -207,13 +207,18 @@ def verify(
     top_k: int,
     top_p: float,
     generator: torch.Generator | None,
-) -> tuple[Verdict, torch.Tensor]:
+) -> tuple[Verdict, torch.Tensor]:  # and [k] float32: p(x_i) of each proposed token
     """Apply the configured acceptance rule.
 
-    Returns the verdict and ``target_probs`` ([k + 1, V], the configured distribution p,
-    or the plain softmax under greedy decoding) for reporting.
+    Returns the verdict and the probability of each proposed token under the configured
+    distribution p (the plain softmax under greedy decoding), for reporting. Greedy decoding
+    computes only those k probabilities: a plain step (k = 0) normalises nothing at all.
     """
-    target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
+    k = draft_tokens.shape[0]
     if temperature == 0:
-        return verify_greedy(draft_tokens, target_logits), target_probs
-    return verify_sampling(draft_tokens, draft_probs, target_probs, generator), target_probs
+        rows = target_logits[:k].float()  # [k, V]
+        chosen = rows.gather(1, draft_tokens[:, None]).squeeze(1)  # [k]
+        return verify_greedy(draft_tokens, target_logits), torch.exp(chosen - torch.logsumexp(rows, -1))
+    target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
+    token_probs = target_probs[:k].gather(1, draft_tokens[:, None]).squeeze(1)
+    return verify_sampling(draft_tokens, draft_probs, target_probs, generator), token_probs
