@@ -171,9 +171,10 @@ class SpeculativeEngine:
         self.profile = profile or CostProfile()
 
     @classmethod
-    def from_models(cls, target: LanguageModel, draft: LanguageModel | Drafter | None = None) -> SpeculativeEngine:
+    def from_models(cls, target: LanguageModel, draft: LanguageModel | Drafter | None = None,
+                    profile: CostProfile | None = None) -> SpeculativeEngine:
         drafter = ModelDrafter(draft) if isinstance(draft, LanguageModel) else draft
-        return cls(LocalTarget(target), drafter, tokenizer=target.tokenizer)
+        return cls(LocalTarget(target), drafter, tokenizer=target.tokenizer, profile=profile)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

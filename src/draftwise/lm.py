@@ -67,6 +67,11 @@ class LanguageModel(Protocol):
     def dtype(self) -> str:
         """The weights' format, for the user: ``float32``, ``bfloat16``, ``Q4_K_M``..."""
 
+    @property
+    def fingerprint(self) -> str:
+        """What makes this model as fast as it is (weights, format, threads...), as a key for
+        measured costs (``draftwise.costs``)."""
+
     def forward(self, tokens: Sequence[int], last: int | None = None) -> torch.Tensor:
         """Append ``tokens`` to the cache and return float32 scores ``[last or n, V]`` for the
         final positions.

@@ -158,8 +158,7 @@ class PassTimes:
         self._mean: dict[int, float] = {}
 
     def add(self, tokens: int, seconds: float) -> None:
-        old = self._mean.get(tokens)
-        self._mean[tokens] = seconds if old is None else (1 - self.WEIGHT) * old + self.WEIGHT * seconds
+        self._mean[tokens] = _decayed(self._mean.get(tokens), seconds, self.WEIGHT)
 
     def known(self, tokens: int) -> bool:
         return tokens in self._mean
@@ -184,8 +183,17 @@ class PassTimes:
         return self._mean[lo] + slope * (tokens - lo)
 
 
+# A measurement more than this many times the running mean counts as this many times it: a
+# pass that stalled (another process took the CPU) says more about the machine than about
+# the block size, and one such stall must not switch drafting off for many steps.
+OUTLIER = 2.0
+
+
 def _decayed(old: float | None, new: float, weight: float = 0.3) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
+    """A running mean with exponential forgetting, robust to one-off stalls."""
+    if old is None:
+        return new
+    return (1 - weight) * old + weight * min(new, OUTLIER * old)
 
 
 @dataclass
@@ -227,11 +235,13 @@ class CostAwareK:
     (``PassTimes``) are measured and kept in a ``CostProfile`` across generations.
 
     Until the profile knows a plain pass, the policy decodes plainly (to measure what
-    drafting must beat). A source whose draft cost is unknown is tried once with the
-    configured k, if its catch-up would cost no more than a few plain steps (a draft model
-    that has not read a long prompt is not worth a prefill just to find out); until then its
-    ``cost_hint`` prices it. When no offer beats plain decoding the policy drafts nothing,
-    and every ``probe_every`` such steps it drafts once with the best offer to re-measure.
+    drafting must beat; ``draftwise.costs.calibrate`` measures it, and every block size,
+    before the first step). An offer whose acceptance was never observed is tried once with
+    the configured k, if its catch-up would cost no more than a few plain steps (a draft
+    model that has not read a long prompt is not worth a prefill just to find out). A source
+    whose draft cost is unmeasured is priced by its ``cost_hint``. When no offer beats plain
+    decoding the policy drafts nothing, and every ``probe_every`` such steps it drafts once
+    with the best offer to re-measure.
 
     Example: t_verify = 0.28 s for 1 token and 0.54 s for 3, t_draft = 0.06 s, alpha = 0.6:
     k = 2 gives 1.96 tokens / 0.66 s = 2.97 tokens/s, below plain decoding's 3.57, so the
@@ -290,10 +300,10 @@ class CostAwareK:
         return offer.behind * per_token
 
     def _exploration(self, offers: Sequence[Offer]) -> Choice | None:
-        """An offer from a source never measured, if trying it is cheap enough."""
+        """An offer whose acceptance was never observed, if trying it is cheap enough."""
         budget = self.EXPLORE_STEPS * (self.pass_times.at(1) or 0.0)
         for offer in offers:
-            if offer.source not in self.profile.draft_token_seconds and self._catchup_seconds(offer) <= budget:
+            if offer.stats_key not in self._counts and self._catchup_seconds(offer) <= budget:
                 return Choice(offer, self.k_start if offer.limit is None else min(self.k_start, offer.limit))
         return None
 

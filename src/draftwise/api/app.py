@@ -345,18 +345,23 @@ def _add_status_routes(app: FastAPI, service: _Service) -> None:
 def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
                draft: LanguageModel | None = None, log: Callable[[str], None] | None = None) -> FastAPI:
     """Build the server. Models are loaded from ``settings`` unless given; given models are
-    only read (each worker forks them: shared weights, KV caches of its own). ``log``
+    only read (each worker forks them: shared weights, KV caches of its own). Models loaded
+    here also get their costs measured for the cost policy (``draftwise.costs``). ``log``
     receives the loader's one-line notes (backend and dtype choice, first-time conversions)."""
     from draftwise import __version__
+    from draftwise.costs import calibrate
     from draftwise.loading import load_pair
 
+    profile = None
     if target is None:
         target, draft = load_pair(settings.target, settings.draft, settings.models, log=log)
+        if settings.generation.draft.k_policy == "cost":
+            profile = calibrate(target, draft, settings.generation.draft.k_max, log)
     if target.tokenizer is None:
         raise ValueError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
 
     metrics = ServerMetrics()
-    pool = WorkerPool(build_workers(target, draft, settings.workers), settings.queue_size,
+    pool = WorkerPool(build_workers(target, draft, settings.workers, profile), settings.queue_size,
                       settings.request_timeout, metrics)
     service = _Service(settings, target, draft is not None, pool, metrics)
 

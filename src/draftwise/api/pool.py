@@ -12,6 +12,7 @@ a request that runs out of time stops the work within one block.
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -59,10 +60,13 @@ class Worker:
                                  profile=self.profile)
 
 
-def build_workers(target: LanguageModel, draft: LanguageModel | None, count: int) -> list[Worker]:
+def build_workers(target: LanguageModel, draft: LanguageModel | None, count: int,
+                  profile: CostProfile | None = None) -> list[Worker]:
     """``count`` workers over the weights of ``target`` and ``draft``: forks, so the given
-    models' own caches stay the caller's."""
-    return [Worker(target.fork(), draft.fork() if draft is not None else None) for _ in range(count)]
+    models' own caches stay the caller's. Each starts from its own copy of ``profile``."""
+    return [Worker(target.fork(), draft.fork() if draft is not None else None,
+                   copy.deepcopy(profile) if profile is not None else CostProfile())
+            for _ in range(count)]
 
 
 class Job:

@@ -105,6 +105,11 @@ class HFModel:
         return str(self.model.dtype).removeprefix("torch.")
 
     @property
+    def fingerprint(self) -> str:
+        head = type(self.model.get_output_embeddings()).__name__
+        return f"hf|{self.name}|{self.dtype}|{self.device}|{torch.get_num_threads()} threads|{head}"
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """EOS ids from the generation config, the model config and the tokenizer, merged."""
         ids: set[int] = set()

@@ -164,6 +164,12 @@ class LlamaCppModel:
     def dtype(self) -> str:
         return self.weights.file_type
 
+    @property
+    def fingerprint(self) -> str:
+        stat = self.weights.path.stat()
+        return (f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
+                f"{self.n_ctx} positions")
+
     def fork(self) -> LlamaCppModel:
         """A new sequence over the same weights: a context of its own, nothing loaded again."""
         return LlamaCppModel(self.weights, self.n_ctx, self.threads)

@@ -10,6 +10,7 @@ the method exposes it.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from draftwise.drafters import build_drafter
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.lm import LanguageModel
 from draftwise.metrics import GenerationMetrics
+from draftwise.policies import CostProfile
 
 
 @dataclass
@@ -130,9 +132,10 @@ def _anchor(name: str, config: BenchConfig, target: LanguageModel, draft: Langua
     return build_llamacpp_anchor(name, config, target, draft)
 
 
-def build_methods(config: BenchConfig, target: LanguageModel, draft: LanguageModel | None
-                  ) -> tuple[dict[str, Method], list[RollbackTimer]]:
-    """One ``Method`` per configured name, sharing the loaded models; close the timers when done."""
+def build_methods(config: BenchConfig, target: LanguageModel, draft: LanguageModel | None,
+                  profile: CostProfile | None = None) -> tuple[dict[str, Method], list[RollbackTimer]]:
+    """One ``Method`` per configured name, sharing the loaded models; close the timers when done.
+    Each draftwise method starts from its own copy of ``profile`` (measured costs)."""
     timers = {id(lm): RollbackTimer(lm) for lm in (target, draft) if lm is not None}
     target_timer = [timers[id(target)]]
     methods: dict[str, Method] = {}
@@ -143,6 +146,6 @@ def build_methods(config: BenchConfig, target: LanguageModel, draft: LanguageMod
             methods[name] = DraftwiseMethod(name, autoregressive(target), target_timer)
         else:
             timed = [*target_timer, timers[id(draft)]] if name in NEEDS_DRAFT_MODEL else target_timer
-            methods[name] = DraftwiseMethod(name, SpeculativeEngine.from_models(target, build_drafter(name, draft)),
-                                            timed)
+            engine = SpeculativeEngine.from_models(target, build_drafter(name, draft), copy.deepcopy(profile))
+            methods[name] = DraftwiseMethod(name, engine, timed)
     return methods, list(timers.values())

@@ -178,7 +178,11 @@ class Bench:
 
     def _measure(self, target: LanguageModel, draft: LanguageModel | None, todo: int, progress: Any,
                  on_record: Callable[[Record], None] | None) -> None:
-        methods, timers = build_methods(self.config, target, draft)
+        from draftwise.costs import calibrate
+
+        draft_config = self.config.generation.draft
+        profile = calibrate(target, draft, draft_config.k_max) if draft_config.k_policy == "cost" else None
+        methods, timers = build_methods(self.config, target, draft, profile)
         try:
             self._measure_with(methods, target, todo, progress, on_record)
         finally:

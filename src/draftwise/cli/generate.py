@@ -150,9 +150,10 @@ def _load(target: str, draft: str | None, drafter: str, verifier: str | None, mo
     return _Models(target_lm, draft_lm, target_lm.tokenizer)
 
 
-def _engine(loaded: _Models, drafter: str, verifier: str | None, ids: list[int]) -> Any:
-    """The speculative engine: on the local target (both models warmed up first), or on a
-    remote verifier."""
+def _engine(loaded: _Models, drafter: str, verifier: str | None, ids: list[int], config: Any, console: Any) -> Any:
+    """The speculative engine: on the local target (both models warmed up first, their costs
+    measured for the cost policy), or on a remote verifier."""
+    from draftwise.costs import calibrate
     from draftwise.drafters import build_drafter
     from draftwise.engine import SpeculativeEngine
 
@@ -167,7 +168,9 @@ def _engine(loaded: _Models, drafter: str, verifier: str | None, ids: list[int])
         if lm is not None:
             lm.reset()
             lm.forward(ids[:8], last=1)
-    return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft))
+    profile = (calibrate(loaded.target, loaded.draft, config.draft.k_max, console.print)
+               if config.draft.k_policy == "cost" else None)
+    return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), profile)
 
 
 def _speculate(engine: Any, ids: list[int], config: Any, tokenizer: Any, out: Any, show: bool) -> Any:
@@ -228,7 +231,7 @@ def _run(prompt: str | None, file: Path | None, target: str | None, draft: str |
     err, out = Console(stderr=True), Console(highlight=False)
     loaded = _load(target, draft, drafter, verifier, models, err)
     ids = encode_prompt(loaded.tokenizer, text, chat)
-    engine = _engine(loaded, drafter, verifier, ids)
+    engine = _engine(loaded, drafter, verifier, ids, config, err)
     label = f"{target} + " + {"model": f"{draft} drafter", "ngram": "n-gram drafter",
                                "hybrid": f"n-gram / {draft} hybrid drafter"}[drafter]
     if not as_json:

@@ -1,0 +1,138 @@
+"""Measure what drafting costs with a loaded pair on this machine, once, before generating.
+
+The cost policy weighs every draft length by what a target pass over that many tokens
+costs. The curve is far from smooth on CPUs (llama.cpp runs a block's rows in groups of
+four, so 4 tokens can cost less than 3), and a policy that only learns the sizes it happens
+to try can miss the efficient ones. ``calibrate`` times a target pass for every block size
+the policy may use, one draft token and the draft's prefill rate, and stores them in a
+``CostProfile``; the policy refines them as it runs. Results are cached per model file,
+settings and CPU in ``$DRAFTWISE_HOME/costs.json``, so only the first run pays (seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from draftwise.drafters import MODEL
+from draftwise.lm import LanguageModel
+from draftwise.policies import CostProfile
+from draftwise.registry import home
+
+CONTEXT = 256  # context the passes are timed after: a typical prompt's length
+REPEATS = 2  # each timing is the fastest of this many: noise on a shared machine only slows
+
+
+def _cpu() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    wide = " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags)
+    return f"{name} [{wide}]"
+
+
+def _context(lm: LanguageModel) -> list[int]:
+    """Token ids to time passes after: plain text, so the model sees ordinary input."""
+    text = "The quick brown fox jumps over the lazy dog. " * 64
+    ids = lm.tokenizer.encode(text) if lm.tokenizer is not None else list(range(1, CONTEXT + 1))
+    return (ids * (CONTEXT // max(1, len(ids)) + 1))[:CONTEXT]
+
+
+def _fastest(run: Callable[[], None]) -> float:
+    best = float("inf")
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def time_passes(lm: LanguageModel, sizes: range) -> dict[int, float]:
+    """Seconds of a pass over ``n`` new tokens after ``CONTEXT`` tokens, for each ``n``."""
+    context = _context(lm)
+    block = context[: max(sizes)]
+    lm.reset()
+    lm.forward(context, last=1)
+
+    def one(n: int) -> None:
+        lm.forward(block[:n], last=n)
+        lm.rollback(len(context))
+
+    one(1)  # the first call pages weights in and picks kernels
+    times = {n: _fastest(lambda n=n: one(n)) for n in sizes}
+    lm.reset()
+    return times
+
+
+def time_draft(lm: LanguageModel) -> tuple[float, float]:
+    """(seconds per drafted token, seconds per token of a catch-up prefill) of a draft model."""
+    context = _context(lm)
+    lm.reset()
+    started = time.perf_counter()
+    lm.forward(context, last=1)
+    catchup = (time.perf_counter() - started) / len(context)
+    token = time_passes(lm, range(1, 2))[1]
+    return token, catchup
+
+
+class CostCache:
+    """Measured costs per model and machine, in a JSON file (a read-only or broken file only
+    costs measuring again)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or home() / "costs.json"
+        try:
+            self.entries: dict[str, Any] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+
+    @staticmethod
+    def key(lm: LanguageModel, what: str) -> str:
+        return f"{what}|{lm.fingerprint}|{_cpu()}"
+
+    def get(self, key: str) -> Any:
+        return self.entries.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        self.entries[key] = value
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            scratch = self.path.with_suffix(".tmp")
+            scratch.write_text(json.dumps(self.entries, indent=1))
+            scratch.replace(self.path)
+        except OSError:
+            pass
+
+
+def calibrate(target: LanguageModel, draft: LanguageModel | None, k_max: int,
+              log: Callable[[str], None] | None = None, cache: CostCache | None = None) -> CostProfile:
+    """A ``CostProfile`` holding the target's pass times for blocks of 1 to ``k_max + 1``
+    tokens and, with a draft model, its per-token and catch-up costs; measured here, or read
+    from the cache when this model ran on this CPU before."""
+    log = log or (lambda message: None)
+    cache = cache or CostCache()
+    profile = CostProfile()
+    sizes = range(1, k_max + 2)
+    key = cache.key(target, f"passes 1-{k_max + 1}")
+    passes = cache.get(key)
+    if passes is None:
+        log(f"timing {target.name}'s passes over 1 to {k_max + 1} tokens (once on this machine; cached)")
+        passes = time_passes(target, sizes)
+        cache.put(key, {str(n): s for n, s in passes.items()})
+    for n, seconds in passes.items():
+        profile.pass_times.add(int(n), float(seconds))
+    if draft is not None and draft is not target:
+        draft_key = cache.key(draft, "draft")
+        costs = cache.get(draft_key)
+        if costs is None:
+            costs = time_draft(draft)
+            cache.put(draft_key, list(costs))
+        profile.draft_token_seconds[MODEL], profile.catchup_token_seconds[MODEL] = map(float, costs)
+    return profile

@@ -1,0 +1,49 @@
+"""Measuring what drafting costs before generating: every block size the policy may use,
+the draft's token and catch-up costs, cached per model and machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftwise.costs import CostCache, calibrate, time_passes
+from draftwise.drafters import MODEL
+
+
+@pytest.fixture
+def cache(tmp_path) -> CostCache:
+    return CostCache(tmp_path / "costs.json")
+
+
+def test_calibration_times_every_block_size_and_the_draft(tiny_target, tiny_random_draft, cache):
+    notes: list[str] = []
+    profile = calibrate(tiny_target, tiny_random_draft, k_max=6, log=notes.append, cache=cache)
+    assert all(profile.pass_times.known(n) for n in range(1, 8)) and not profile.pass_times.known(8)
+    assert all(profile.pass_times.at(n) > 0 for n in range(1, 8))
+    assert profile.draft_token_seconds[MODEL] > 0 and profile.catchup_token_seconds[MODEL] > 0
+    assert len(notes) == 1 and "once on this machine" in notes[0]
+    assert tiny_target.tokens == []  # the models are left empty, ready for a generation
+
+
+def test_a_second_calibration_reads_the_cache(tiny_target, tiny_random_draft, cache, monkeypatch):
+    first = calibrate(tiny_target, tiny_random_draft, k_max=4, cache=cache)
+    monkeypatch.setattr("draftwise.costs.time_passes", lambda *a: pytest.fail("measured again"))
+    monkeypatch.setattr("draftwise.costs.time_draft", lambda *a: pytest.fail("measured again"))
+    again = calibrate(tiny_target, tiny_random_draft, k_max=4, cache=CostCache(cache.path))
+    assert [again.pass_times.at(n) for n in range(1, 6)] == [first.pass_times.at(n) for n in range(1, 6)]
+    assert again.draft_token_seconds == first.draft_token_seconds
+    # Another k_max needs other sizes: measured anew.
+    monkeypatch.undo()
+    assert calibrate(tiny_target, None, k_max=8, cache=cache).pass_times.known(9)
+
+
+def test_time_passes_rolls_back_after_each_pass(tiny_target):
+    times = time_passes(tiny_target, range(1, 4))
+    assert sorted(times) == [1, 2, 3]
+    assert tiny_target.tokens == []
+
+
+def test_an_unwritable_cache_only_costs_measuring_again(tiny_target, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    profile = calibrate(tiny_target, None, k_max=2, cache=CostCache(blocked / "costs.json"))
+    assert profile.pass_times.known(3)
