@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -71,40 +72,47 @@ def _generate(page, drafter: str) -> dict[str, int]:
     return {c: box.locator(f".dw-{c}").count() for c in ("accepted", "corrected", "bonus", "rejected")}
 
 
-def test_tokens_of_every_provenance_class_show_up(dashboard: str, artifacts: Path) -> None:
+@contextmanager
+def open_page(url: str, height: int) -> Iterator:
+    """The dashboard at ``url`` in headless Chromium, once its Generate button is there."""
     with playwright_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 2300})
-            page.goto(dashboard)
+            page = browser.new_page(viewport={"width": 1500, "height": height})
+            page.goto(url)
             page.get_by_role("button", name="Generate").wait_for(timeout=STARTUP_S * 1000)
-            assert page.get_by_text("serving tiny:0, draft tiny:0").is_visible()
-            # Every step drafts 4 tokens and the model drafter never stops early.
-            _choose(page, "k policy", "fixed")
-            _set_number(page, "k (draft length; start for adaptive policies)", 4)
-            page.get_by_role("slider", name="Confidence threshold").press("Home")
-            _set_number(page, "Max tokens", MAX_TOKENS)
-            page.get_by_text("completion", exact=True).click()
-
-            # Draft == target, greedy: every proposal is accepted and each block ends with a bonus token.
-            same = _generate(page, "model")
-            page.screenshot(path=str(artifacts / "dashboard-model-drafter.png"), full_page=True)
-            assert same["accepted"] > 0 and same["bonus"] > 0 and same["corrected"] == 0
-            assert same["accepted"] + same["bonus"] == MAX_TOKENS
-            title = page.locator(".dw-box").first.locator(".dw-accepted").first.get_attribute("title")
-            assert re.search(r"draft q=\d\.\d{3}, target p=\d\.\d{3}", title)
-            assert page.get_by_text("outputs identical").is_visible()
-
-            # The n-gram drafter guesses from the text so far: on a random model it is often wrong.
-            ngram = _generate(page, "ngram")
-            page.screenshot(path=str(artifacts / "dashboard-ngram-drafter.png"), full_page=True)
-            assert ngram["corrected"] > 0 and ngram["rejected"] >= ngram["corrected"]
-            assert sum(ngram[c] for c in ("accepted", "corrected", "bonus")) == MAX_TOKENS
-            rejected = page.locator(".dw-box").first.locator(".dw-rejected").first
-            assert "line-through" in rejected.evaluate("e => getComputedStyle(e).textDecorationLine")
+            yield page
         finally:
             browser.close()
-        print(f"screenshots: {artifacts}")
+
+
+def test_tokens_of_every_provenance_class_show_up(dashboard: str, artifacts: Path) -> None:
+    with open_page(dashboard, height=2300) as page:
+        assert page.get_by_text("serving tiny:0, draft tiny:0").is_visible()
+        # Every step drafts 4 tokens and the model drafter never stops early.
+        _choose(page, "k policy", "fixed")
+        _set_number(page, "k (draft length; start for adaptive policies)", 4)
+        page.get_by_role("slider", name="Confidence threshold").press("Home")
+        _set_number(page, "Max tokens", MAX_TOKENS)
+        page.get_by_text("completion", exact=True).click()
+
+        # Draft == target, greedy: every proposal is accepted and each block ends with a bonus token.
+        same = _generate(page, "model")
+        page.screenshot(path=str(artifacts / "dashboard-model-drafter.png"), full_page=True)
+        assert same["accepted"] > 0 and same["bonus"] > 0 and same["corrected"] == 0
+        assert same["accepted"] + same["bonus"] == MAX_TOKENS
+        title = page.locator(".dw-box").first.locator(".dw-accepted").first.get_attribute("title")
+        assert re.search(r"draft q=\d\.\d{3}, target p=\d\.\d{3}", title)
+        assert page.get_by_text("outputs identical").is_visible()
+
+        # The n-gram drafter guesses from the text so far: on a random model it is often wrong.
+        ngram = _generate(page, "ngram")
+        page.screenshot(path=str(artifacts / "dashboard-ngram-drafter.png"), full_page=True)
+        assert ngram["corrected"] > 0 and ngram["rejected"] >= ngram["corrected"]
+        assert sum(ngram[c] for c in ("accepted", "corrected", "bonus")) == MAX_TOKENS
+        rejected = page.locator(".dw-box").first.locator(".dw-rejected").first
+        assert "line-through" in rejected.evaluate("e => getComputedStyle(e).textDecorationLine")
+    print(f"screenshots: {artifacts}")
 
 
 @pytest.mark.slow
@@ -113,16 +121,9 @@ def test_the_page_serves_a_real_model(tmp_path: Path, artifacts: Path) -> None:
     # The model as a user runs it: the default backend (llama.cpp where it is installed).
     args = ["dashboard", "--target", "smollm2-135m", "--threads", "2"]
     with cli_server(args, "/_stcore/health", tmp_path / "dashboard.log", startup_s=STARTUP_S) as (url, _):
-        with playwright_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1500, "height": 1200})
-                page.goto(url)
-                page.get_by_role("button", name="Generate").wait_for(timeout=STARTUP_S * 1000)
-                assert page.get_by_text("serving smollm2-135m").is_visible()
-                _set_number(page, "Max tokens", 8)
-                page.get_by_role("button", name="Generate").click()
-                page.get_by_text(re.compile(r"drafter ngram: .*finish: (length|stop)")).wait_for(timeout=RUN_S * 1000)
-                page.screenshot(path=str(artifacts / "dashboard-smollm2.png"), full_page=True)
-            finally:
-                browser.close()
+        with open_page(url, height=1200) as page:
+            assert page.get_by_text("serving smollm2-135m").is_visible()
+            _set_number(page, "Max tokens", 8)
+            page.get_by_role("button", name="Generate").click()
+            page.get_by_text(re.compile(r"drafter ngram: .*finish: (length|stop)")).wait_for(timeout=RUN_S * 1000)
+            page.screenshot(path=str(artifacts / "dashboard-smollm2.png"), full_page=True)
