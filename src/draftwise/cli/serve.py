@@ -9,7 +9,8 @@ from __future__ import annotations
 import typer
 
 from draftwise.api.settings import API_KEY_ENV, ServerSettings
-from draftwise.cli.options import fail, field_option, one_line, warn_if_exposed, with_model_options
+from draftwise.cli.options import fail, field_option, one_line, warn_if_exposed, with_cluster_options, with_model_options
+from draftwise.cluster.settings import ServeScale
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
 from draftwise.errors import DraftwiseError
 from draftwise.registry import DEFAULT_TARGET
@@ -28,6 +29,8 @@ def _recommended(target: str) -> tuple[str | None, str]:
 def register(app: typer.Typer) -> None:
     @app.command()
     @with_model_options()
+    @with_cluster_options(ServeScale, "run on Ray Serve: replicas behind one endpoint, on a local Ray (127.0.0.1) "
+                          "or --ray-address (needs draftwise[ray])")
     def serve(
         target: str = typer.Option(DEFAULT_TARGET, help=ServerSettings.model_fields["target"].description),
         draft: str | None = field_option(ServerSettings, "draft"),
@@ -49,9 +52,10 @@ def register(app: typer.Typer) -> None:
         max_body_bytes: int = field_option(ServerSettings, "max_body_bytes"),
         models: ModelOptions = ModelOptions(),
         models_given: dict | None = None,
+        ray: ServeScale | None = None,
     ) -> None:
         """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
-        plus /metrics (Prometheus), /health and /docs."""
+        plus /metrics (Prometheus), /health and /docs; with --ray, as replicas on Ray Serve."""
         from pydantic import ValidationError
 
         if draft is None and drafter is None:
@@ -60,11 +64,17 @@ def register(app: typer.Typer) -> None:
             settings = ServerSettings(
                 target=target, draft=draft, drafter=drafter, host=host, port=port, workers=workers,
                 queue_size=queue_size, request_timeout=request_timeout, max_context=max_context, model_name=model_name,
-                models=models, api_key=api_key, max_body_bytes=max_body_bytes,
+                models=models, api_key=api_key, max_body_bytes=max_body_bytes, ray=ray,
                 generation=GenerationConfig(max_new_tokens=max_tokens, draft=DraftConfig(k_policy=k_policy, k=k)),
             )
         except ValidationError as exc:
             raise fail(one_line(exc)) from None
+        if settings.ray is not None:
+            from draftwise.cluster.serve_app import serve_on_ray
+
+            warn_if_exposed(settings.host, settings.api_key)
+            serve_on_ray(settings, log=lambda note: typer.echo(note, err=True))
+            return
 
         import uvicorn
 
