@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from draftwise.cluster.runtime import LOOPBACK, NAMESPACE, ClusterError, require_ray, require_serve
+from draftwise.cluster.runtime import LOOPBACK, NAMESPACE, ClusterError, ray_session, require_ray, require_serve
 from draftwise.cluster.settings import ServeScale
 
 REPORT_EVERY_S = 1.0
@@ -167,10 +166,11 @@ def deployment_options(scale: ServeScale, max_ongoing: int, target_ongoing: int)
 
 
 @contextmanager
-def served(replica: type, args: tuple[Any, ...], app: str, host: str, port: int, options: dict[str, Any]
-           ) -> Iterator[str]:
+def served(replica: type, args: tuple[Any, ...], app: str, host: str, port: int, options: dict[str, Any],
+           delete: bool = True) -> Iterator[str]:
     """Run ``replica`` (a class with ``__serve_build_asgi_app__``) as the Serve app ``app`` at
-    ``/`` on ``host:port``; yield its base URL once every replica is up; delete the app on exit.
+    ``/`` on ``host:port``; yield its base URL once every replica is up; on exit delete the app
+    (unless ``delete`` is false: a local Ray about to shut down takes it along).
 
     Serve has one HTTP address per cluster: the first app started on a cluster fixes it.
     """
@@ -186,19 +186,20 @@ def served(replica: type, args: tuple[Any, ...], app: str, host: str, port: int,
                                ) from None
         yield f"http://{host}:{port}"
     finally:
-        with suppress(ray.exceptions.RayError):
-            serve.delete(app)
-        with suppress(ray.exceptions.RayError):
-            ray.kill(board)
+        if delete:
+            with suppress(ray.exceptions.RayError):
+                serve.delete(app)
+            with suppress(ray.exceptions.RayError):
+                ray.kill(board)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def wait_for_stop() -> None:
-    """Block until Ctrl-C or SIGTERM (``kill``, a process manager), then return for a clean exit."""
-    signal.signal(signal.SIGTERM, _interrupt)
-    with suppress(KeyboardInterrupt):
-        while True:
-            time.sleep(3600)
+def serve_until_stopped(replica: type, args: tuple[Any, ...], app: str, host: str, port: int,
+                        options: dict[str, Any], scale: ServeScale, ready: Callable[[str], None]) -> None:
+    """The CLI's server on Ray: deploy, call ``ready(url)``, serve until Ctrl-C or SIGTERM (``kill``,
+    a process manager), then delete the app (joined cluster) or shut the local Ray down."""
+    local = scale.ray_address is None
+    with ray_session(scale), suppress(KeyboardInterrupt):
+        with served(replica, args, app, host, port, options, delete=not local) as url:
+            ready(url)
+            while True:
+                time.sleep(3600)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -26,6 +28,7 @@ LOOPBACK = "127.0.0.1"
 # Ray's single-machine mode: every Ray process binds loopback. Usage statistics off: a local Ray
 # that contacts no other address.
 _LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+_NO_CRASH_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 
 
 class ClusterError(DraftwiseError):
@@ -77,6 +80,20 @@ def _keep_local_ray_on_loopback() -> None:
                            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing ray, or give --ray-address")
 
 
+def _import_ray_for_driver() -> ModuleType:
+    """``require_ray``, with Ray's crash handler left out of this process: it would also catch
+    the SIGTERM that stops a server (``kill``, a process manager) and abort before draftwise
+    deletes its app. Ray's own processes, started later, keep it (the variable is read at import,
+    and is not left for them to inherit)."""
+    if "ray" in sys.modules:
+        return require_ray()
+    os.environ[_NO_CRASH_HANDLER] = "1"
+    try:
+        return require_ray()
+    finally:
+        del os.environ[_NO_CRASH_HANDLER]
+
+
 def init_args(options: RayOptions, num_cpus: int | None = None) -> dict[str, Any]:
     """``ray.init``'s arguments: join ``options.ray_address``, or start a local Ray on loopback."""
     if options.ray_address is not None:
@@ -93,7 +110,7 @@ def ray_session(options: RayOptions, num_cpus: int | None = None) -> Iterator[Mo
     running = "ray" in sys.modules and sys.modules["ray"].is_initialized()
     if options.ray_address is None and not running:
         _keep_local_ray_on_loopback()  # before Ray is imported: it reads the variable then
-    ray = require_ray()
+    ray = _import_ray_for_driver()
     if running:
         yield ray
         return
@@ -101,7 +118,20 @@ def ray_session(options: RayOptions, num_cpus: int | None = None) -> Iterator[Mo
         ray.init(**init_args(options, num_cpus))
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"cannot start or join Ray ({options.ray_address or 'local'}): {exc}") from exc
+    # ray.init makes SIGTERM exit at once; as KeyboardInterrupt it stops draftwise as Ctrl-C does
+    # (a server deletes its app, the bench keeps its results).
+    previous = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
     try:
         yield ray
     finally:
         ray.shutdown()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

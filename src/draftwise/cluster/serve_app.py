@@ -22,10 +22,8 @@ from draftwise.cluster.fleet import (
     deployment_options,
     keep_replica_grpc_on_loopback,
     replica_log,
-    served,
-    wait_for_stop,
+    serve_until_stopped,
 )
-from draftwise.cluster.runtime import ray_session
 from draftwise.cluster.settings import ServeScale
 
 APP = "draftwise"
@@ -114,10 +112,12 @@ def serve_on_ray(settings: ServerSettings, log: Callable[[str], None]) -> None:
     scale = settings.ray
     if scale is None:
         raise ValueError("serve_on_ray needs settings.ray")
-    with ray_session(scale):
-        log(f"starting {describe(scale)} of {settings.served_model} on Ray Serve ...")
-        with served(ApiReplica, (settings,), APP, settings.host, settings.port, api_options(settings, scale)) as url:
-            log(f"serving {settings.served_model} (drafter: {settings.default_drafter}, {describe(scale)}) on "
-                f"{url}  (docs: /docs, metrics of every replica: /metrics); Ctrl-C stops")
-            wait_for_stop()
-        log("stopped: the Serve app is deleted")
+
+    def ready(url: str) -> None:
+        log(f"serving {settings.served_model} (drafter: {settings.default_drafter}, {describe(scale)}) on "
+            f"{url}  (docs: /docs, metrics of every replica: /metrics); Ctrl-C stops")
+
+    log(f"starting {describe(scale)} of {settings.served_model} on Ray Serve ...")
+    serve_until_stopped(ApiReplica, (settings,), APP, settings.host, settings.port, api_options(settings, scale),
+                        scale, ready)
+    log("stopped")

@@ -23,10 +23,8 @@ from draftwise.cluster.fleet import (
     deployment_options,
     keep_replica_grpc_on_loopback,
     replica_log,
-    served,
-    wait_for_stop,
+    serve_until_stopped,
 )
-from draftwise.cluster.runtime import ray_session
 from draftwise.cluster.serve_app import OVERFLOW, describe
 from draftwise.cluster.settings import ServeScale
 from draftwise.lm import LanguageModel
@@ -132,11 +130,12 @@ def serve_verifier_on_ray(settings: VerifierSettings, log: Callable[[str], None]
     scale = settings.ray
     if scale is None:
         raise ValueError("serve_verifier_on_ray needs settings.ray")
-    with ray_session(scale):
-        log(f"starting {describe(scale)} of the verifier for {settings.target} on Ray Serve ...")
-        with served(VerifierReplica, (settings,), APP, settings.host, settings.port,
-                    verifier_options(settings, scale)) as url:
-            log(f"draftwise verifier: {settings.target} on {url} ({describe(scale)}, sessions routed by "
-                f"{ROUTING_HEADER}; API docs at /docs, fleet health at /health); Ctrl-C stops")
-            wait_for_stop()
-        log("stopped: the Serve app is deleted")
+
+    def ready(url: str) -> None:
+        log(f"draftwise verifier: {settings.target} on {url} ({describe(scale)}, sessions routed by "
+            f"{ROUTING_HEADER}; API docs at /docs, fleet health at /health); Ctrl-C stops")
+
+    log(f"starting {describe(scale)} of the verifier for {settings.target} on Ray Serve ...")
+    serve_until_stopped(VerifierReplica, (settings,), APP, settings.host, settings.port,
+                        verifier_options(settings, scale), scale, ready)
+    log("stopped")
