@@ -193,13 +193,63 @@ def served(replica: type, args: tuple[Any, ...], app: str, host: str, port: int,
                 ray.kill(board)
 
 
-def serve_until_stopped(replica: type, args: tuple[Any, ...], app: str, host: str, port: int,
-                        options: dict[str, Any], scale: ServeScale, ready: Callable[[str], None]) -> None:
-    """The CLI's server on Ray: deploy, call ``ready(url)``, serve until Ctrl-C or SIGTERM (``kill``,
-    a process manager), then delete the app (joined cluster) or shut the local Ray down."""
+def describe(scale: ServeScale) -> str:
+    if scale.autoscaling:
+        return f"{scale.min_replicas} to {scale.max_replicas} replicas (autoscaling)"
+    return f"{scale.replicas} replica{'s' if scale.replicas > 1 else ''}"
+
+
+def serve_fleet(replica: type, settings: Any, options: dict[str, Any], what: str, banner: Callable[[str], str],
+                log: Callable[[str], None]) -> None:
+    """The CLI's server on Ray (``settings``: a server's, with ``ray``, ``host`` and ``port``):
+    deploy ``replica``, log ``banner(url)``, serve until Ctrl-C or SIGTERM (``kill``, a process
+    manager), then delete the app (a joined cluster) or shut the local Ray down."""
+    scale: ServeScale | None = settings.ray
+    if scale is None:
+        raise ValueError("serve_fleet needs settings with ray")
+    log(f"starting {describe(scale)} of {what} on Ray Serve ...")
     local = scale.ray_address is None
     with ray_session(scale), suppress(KeyboardInterrupt):
-        with served(replica, args, app, host, port, options, delete=not local) as url:
-            ready(url)
+        with served(replica, (settings,), replica.app_name, settings.host, settings.port, options,
+                    delete=not local) as url:
+            log(f"{banner(url)} ({describe(scale)}); Ctrl-C stops")
             while True:
                 time.sleep(3600)
+    log("stopped")
+
+
+class FleetReplica:
+    """A Serve replica whose ``fleet_path`` answers for the whole fleet: subclasses build the
+    app (``build``, from the replica's loaded models), say what this replica reports
+    (``report``) and how the reports of all answer (``fleet_response``)."""
+
+    app_name = ""  # the Serve app (and its board)
+    fleet_path = ""
+
+    def __init__(self) -> None:
+        keep_replica_grpc_on_loopback()
+        self.reporter: Reporter | None = None
+
+    def build(self) -> Any:
+        raise NotImplementedError
+
+    def report(self) -> Report:
+        raise NotImplementedError
+
+    def fleet_response(self, reports: dict[str, Report]) -> Any:
+        raise NotImplementedError
+
+    async def __serve_build_asgi_app__(self) -> Any:
+        app = self.build()
+        self.reporter = Reporter(self.app_name, self.report)
+        app.add_middleware(FleetPath, path=self.fleet_path, answer=self._fleet)
+        return app
+
+    async def _fleet(self) -> Any:
+        if self.reporter is None:
+            raise RuntimeError("the fleet view is asked for before the replica's app was built")
+        return self.fleet_response(await self.reporter.fleet())
+
+    async def __del__(self) -> None:
+        if self.reporter is not None:
+            await self.reporter.close()

@@ -16,14 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from draftwise.api.settings import ServerSettings
-from draftwise.cluster.fleet import (
-    FleetPath,
-    Reporter,
-    deployment_options,
-    keep_replica_grpc_on_loopback,
-    replica_log,
-    serve_until_stopped,
-)
+from draftwise.cluster.fleet import FleetReplica, Report, deployment_options, replica_log, serve_fleet
 from draftwise.cluster.settings import ServeScale
 
 APP = "draftwise"
@@ -59,41 +52,38 @@ def merge_metrics(texts: dict[str, str]) -> bytes:
     return generate_latest(registry)
 
 
-class ApiReplica:
+class ApiReplica(FleetReplica):
     """One replica: the pair loaded once, then the app of a plain ``draftwise serve``."""
+
+    app_name = APP
+    fleet_path = "/metrics"
 
     def __init__(self, settings: ServerSettings) -> None:
         from draftwise.loading import load_pair
 
-        keep_replica_grpc_on_loopback()
+        super().__init__()
         self.settings = settings
         self.target, self.draft = load_pair(settings.target, settings.draft, settings.models, log=replica_log)
-        self.reporter: Reporter | None = None
+        self.registry: Any = None
 
-    async def __serve_build_asgi_app__(self) -> Any:
-        from prometheus_client import generate_latest
-
+    def build(self) -> Any:
         from draftwise.api.app import create_app
 
         app = create_app(self.settings, target=self.target, draft=self.draft)
-        registry = app.state.metrics.registry
-        self.reporter = Reporter(APP, lambda: {"metrics": generate_latest(registry).decode()})
-        app.add_middleware(FleetPath, path="/metrics", answer=self._fleet_metrics)
+        self.registry = app.state.metrics.registry
         return app
 
-    async def _fleet_metrics(self) -> Any:
+    def report(self) -> Report:
+        from prometheus_client import generate_latest
+
+        return {"metrics": generate_latest(self.registry).decode()}
+
+    def fleet_response(self, reports: dict[str, Report]) -> Any:
         from fastapi.responses import Response
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        if self.reporter is None:
-            raise RuntimeError("the fleet view is asked for before the replica's app was built")
-        reports = await self.reporter.fleet()
         return Response(merge_metrics({r: report["metrics"] for r, report in reports.items()}),
                         media_type=CONTENT_TYPE_LATEST)
-
-    async def __del__(self) -> None:
-        if self.reporter is not None:
-            await self.reporter.close()
 
 
 def api_options(settings: ServerSettings, scale: ServeScale) -> dict[str, Any]:
@@ -101,23 +91,10 @@ def api_options(settings: ServerSettings, scale: ServeScale) -> dict[str, Any]:
     return deployment_options(scale, settings.workers + settings.queue_size + OVERFLOW, settings.workers)
 
 
-def describe(scale: ServeScale) -> str:
-    if scale.autoscaling:
-        return f"{scale.min_replicas} to {scale.max_replicas} replicas (autoscaling)"
-    return f"{scale.replicas} replica{'s' if scale.replicas > 1 else ''}"
-
-
 def serve_on_ray(settings: ServerSettings, log: Callable[[str], None]) -> None:
     """``draftwise serve --ray``: deploy, say where, serve until Ctrl-C or SIGTERM, clean up."""
-    scale = settings.ray
-    if scale is None:
+    if settings.ray is None:
         raise ValueError("serve_on_ray needs settings.ray")
-
-    def ready(url: str) -> None:
-        log(f"serving {settings.served_model} (drafter: {settings.default_drafter}, {describe(scale)}) on "
-            f"{url}  (docs: /docs, metrics of every replica: /metrics); Ctrl-C stops")
-
-    log(f"starting {describe(scale)} of {settings.served_model} on Ray Serve ...")
-    serve_until_stopped(ApiReplica, (settings,), APP, settings.host, settings.port, api_options(settings, scale),
-                        scale, ready)
-    log("stopped")
+    serve_fleet(ApiReplica, settings, api_options(settings, settings.ray), settings.served_model,
+                lambda url: f"serving {settings.served_model} (drafter: {settings.default_drafter}) on {url}  "
+                "(docs: /docs, metrics of every replica: /metrics)", log)

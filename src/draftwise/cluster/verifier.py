@@ -17,15 +17,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from draftwise.cluster.fleet import (
-    FleetPath,
-    Reporter,
-    deployment_options,
-    keep_replica_grpc_on_loopback,
-    replica_log,
-    serve_until_stopped,
-)
-from draftwise.cluster.serve_app import OVERFLOW, describe
+from draftwise.cluster.fleet import FleetReplica, Report, deployment_options, replica_log, serve_fleet
+from draftwise.cluster.serve_app import OVERFLOW
 from draftwise.cluster.settings import ServeScale
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import Affinity, Health, OpenSession, ServerInfo, SessionOpened
@@ -73,15 +66,18 @@ def fleet_health(reports: dict[str, dict[str, Any]]) -> Health:
     )
 
 
-class VerifierReplica:
+class VerifierReplica(FleetReplica):
     """One replica: the target loaded once, then the app of a plain ``serve-verifier``."""
+
+    app_name = APP
+    fleet_path = "/health"
 
     def __init__(self, settings: VerifierSettings) -> None:
         from ray import serve
 
         from draftwise.loading import load_lm
 
-        keep_replica_grpc_on_loopback()
+        super().__init__()
         self.settings = settings
         self.lm = load_lm(settings.target, settings.models, log=replica_log)
 
@@ -90,33 +86,29 @@ class VerifierReplica:
 
         # Serve forgets the least recently used ID beyond this, as the service drops sessions.
         self._hold = serve.multiplexed(max_num_models_per_replica=settings.max_sessions)(hold)
-        self.reporter: Reporter | None = None
+        self.service: RoutedVerifierService | None = None
 
-    async def __serve_build_asgi_app__(self) -> Any:
+    def build(self) -> Any:
         from draftwise.remote.server import create_app
 
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # Serve calls build on the replica's event loop
 
         def announce(session_id: str) -> None:
-            # Called from the service's worker threads; Serve's bookkeeping lives on this loop.
+            # Called from the service's worker threads; Serve's bookkeeping lives on that loop.
             asyncio.run_coroutine_threadsafe(self._hold(session_id), loop)
 
-        service = RoutedVerifierService(self.settings, self.lm, announce)
-        app = create_app(self.settings, service=service)
-        self.reporter = Reporter(APP, lambda: service.health().model_dump(mode="json"))
-        app.add_middleware(FleetPath, path="/health", answer=self._fleet_health)
-        return app
+        self.service = RoutedVerifierService(self.settings, self.lm, announce)
+        return create_app(self.settings, service=self.service)
 
-    async def _fleet_health(self) -> Any:
+    def report(self) -> Report:
+        if self.service is None:
+            raise RuntimeError("the replica reports before its app was built")
+        return self.service.health().model_dump(mode="json")
+
+    def fleet_response(self, reports: dict[str, Report]) -> Any:
         from fastapi.responses import JSONResponse
 
-        if self.reporter is None:
-            raise RuntimeError("the fleet view is asked for before the replica's app was built")
-        return JSONResponse(fleet_health(await self.reporter.fleet()).model_dump(mode="json", exclude_none=True))
-
-    async def __del__(self) -> None:
-        if self.reporter is not None:
-            await self.reporter.close()
+        return JSONResponse(fleet_health(reports).model_dump(mode="json", exclude_none=True))
 
 
 def verifier_options(settings: VerifierSettings, scale: ServeScale) -> dict[str, Any]:
@@ -127,15 +119,8 @@ def verifier_options(settings: VerifierSettings, scale: ServeScale) -> dict[str,
 
 def serve_verifier_on_ray(settings: VerifierSettings, log: Callable[[str], None]) -> None:
     """``draftwise serve-verifier --ray``: deploy, say where, serve until Ctrl-C or SIGTERM."""
-    scale = settings.ray
-    if scale is None:
+    if settings.ray is None:
         raise ValueError("serve_verifier_on_ray needs settings.ray")
-
-    def ready(url: str) -> None:
-        log(f"draftwise verifier: {settings.target} on {url} ({describe(scale)}, sessions routed by "
-            f"{ROUTING_HEADER}; API docs at /docs, fleet health at /health); Ctrl-C stops")
-
-    log(f"starting {describe(scale)} of the verifier for {settings.target} on Ray Serve ...")
-    serve_until_stopped(VerifierReplica, (settings,), APP, settings.host, settings.port,
-                        verifier_options(settings, scale), scale, ready)
-    log("stopped")
+    serve_fleet(VerifierReplica, settings, verifier_options(settings, settings.ray), f"the verifier of {settings.target}",
+                lambda url: f"draftwise verifier: {settings.target} on {url} (sessions routed by {ROUTING_HEADER}; "
+                "API docs at /docs, fleet health at /health)", log)

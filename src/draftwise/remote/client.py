@@ -84,6 +84,7 @@ class RemoteTarget:
             )
         self.eos_token_ids = tuple(self.info.eos_token_ids)
         self.reopens = 0  # sessions opened again because the server no longer (or never) held them
+        self.routing_retries = 0  # a fleet's 404s retried while its router caught up with a session
         self._session: str | None = None
         self._server_context: list[int] = []  # what the server's session holds, mirrored
         self._sampling = SamplingConfig()  # of the current generation
@@ -167,6 +168,7 @@ class RemoteTarget:
                 missed_at = missed_at or time.monotonic()
                 if time.monotonic() - missed_at >= ROUTING_PATIENCE_S:
                     raise
+            self.routing_retries += 1
             time.sleep(ROUTING_RETRY_S)
 
     def _post_verify(self, context: Sequence[int], tokens: list[int], q_ids: Any, q_probs: Any
