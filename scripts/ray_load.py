@@ -178,7 +178,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="sequential requests per latency kind")
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients (throughput, affinity)")
-    parser.add_argument("--per-client", type=int, default=6, help="completions per client (throughput)")
+    parser.add_argument("--per-client", type=int, default=10, help="completions per client (throughput)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per completion (throughput)")
     parser.add_argument("--sessions", type=int, default=64, help="verifier sessions (affinity)")
     parser.add_argument("--out", type=Path, default=None, help="write the result here as JSON")
