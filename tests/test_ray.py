@@ -26,7 +26,7 @@ from draftwise.bench.runner import RESULTS, Bench, run_bench
 from draftwise.cluster import serve_app, verifier
 from draftwise.cluster.bench import WORKER_PREFIX
 from draftwise.cluster.fleet import REPORT_EVERY_S, served
-from draftwise.cluster.runtime import NAMESPACE
+from draftwise.cluster.runtime import NAMESPACE, ClusterError
 from draftwise.cluster.settings import BenchWorkers, ServeScale
 from draftwise.config import DraftConfig, GenerationConfig
 from draftwise.drafters import ModelDrafter
@@ -314,6 +314,13 @@ def test_bench_on_workers_gives_the_same_tokens_and_survives_a_killed_worker(clu
     assert len(workers) >= 2 and all(r["node"]["cpu"] and r["node"]["cores"] for r in bench.records())
     named = cluster.ray.util.list_named_actors(all_namespaces=True)
     assert not [a for a in named if a["name"].startswith(WORKER_PREFIX)]  # the workers are stopped
+
+
+def test_a_worker_that_cannot_load_its_models_stops_the_bench_with_its_error(cluster, tmp_path):
+    config = _bench(tmp_path, "broken", 1).model_copy(update={"draft": "no-such-model"})
+    with pytest.raises(ClusterError, match="unknown model 'no-such-model'"):
+        run_bench(config)
+    assert not (config.out / RESULTS).exists()
 
 
 def test_the_report_says_when_nodes_differ():

@@ -69,24 +69,30 @@ def register(app: typer.Typer) -> None:
             )
         except ValidationError as exc:
             raise fail(one_line(exc)) from None
+        warn_if_exposed(settings.host, settings.api_key)
         if settings.ray is not None:
             from draftwise.cluster.serve_app import serve_on_ray
 
-            warn_if_exposed(settings.host, settings.api_key)
-            serve_on_ray(settings, log=lambda note: typer.echo(note, err=True))
-            return
+            serve_on_ray(settings, log=_note)
+        else:
+            _serve_here(settings)
 
-        import uvicorn
 
-        from draftwise.api.app import create_app
+def _note(text: str) -> None:
+    typer.echo(text, err=True)
 
-        typer.echo(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...",
-                   err=True)
-        try:
-            server = create_app(settings, log=lambda note: typer.echo(note, err=True))
-        except DraftwiseError as exc:
-            raise fail(str(exc), exc.exit_code) from None
-        warn_if_exposed(settings.host, settings.api_key)
-        typer.echo(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
-                   f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)", err=True)
-        uvicorn.run(server, host=settings.host, port=settings.port, log_level="info")
+
+def _serve_here(settings: ServerSettings) -> None:
+    """This process, on uvicorn."""
+    import uvicorn
+
+    from draftwise.api.app import create_app
+
+    _note(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...")
+    try:
+        server = create_app(settings, log=_note)
+    except DraftwiseError as exc:
+        raise fail(str(exc), exc.exit_code) from None
+    _note(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
+          f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)")
+    uvicorn.run(server, host=settings.host, port=settings.port, log_level="info")

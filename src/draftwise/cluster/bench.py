@@ -14,6 +14,7 @@ worker's own error. Interrupted, the bench resumes like the local one: finished 
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections import deque
 from dataclasses import dataclass
@@ -76,6 +77,7 @@ class _Pool:
     def __init__(self, ray: Any, bench: Bench, options: BenchWorkers) -> None:
         self.ray = ray
         self.config = bench.config
+        self.config_hash = bench.config_hash
         self.options = options
         self.warm = bench.prompts[0] if bench.config.warmup else None
         self.run_id = secrets.token_hex(3)
@@ -85,6 +87,7 @@ class _Pool:
         self.running: dict[Any, _Worker] = {}  # run_unit() ref -> worker
         self.idle: list[_Worker] = []
         self.retried = 0  # units run again after their worker died
+        self.lost_at_start = 0  # workers that died while loading their models
         for _ in range(options.workers):
             self.start()
 
@@ -100,7 +103,7 @@ class _Pool:
         while self.idle and queue:
             worker, unit = self.idle.pop(), queue.popleft()
             unit.attempts += 1
-            done = {key: r for key in unit_keys(unit.prompt, self.config, self.config.results_hash())
+            done = {key: r for key in unit_keys(unit.prompt, self.config, self.config_hash)
                     if (r := stored(key)) is not None}
             worker.unit = unit
             self.running[worker.handle.run_unit.remote(unit.index, unit.prompt, done)] = worker
@@ -127,7 +130,9 @@ def _failed(exc: Exception) -> Exception:
     cause = getattr(exc, "cause", None)
     if isinstance(cause, DraftwiseError):
         return cause
-    return ClusterError(f"a bench worker failed: {str(exc).strip().splitlines()[-1]}")
+    # Ray's message ends with the worker's own error, "module.SomeError: what went wrong".
+    last = re.sub(r"^[\w.]+: ", "", str(exc).strip().splitlines()[-1])
+    return ClusterError(f"a bench worker failed: {last}")
 
 
 def _settle_start(pool: _Pool, ref: Any) -> None:
@@ -137,7 +142,11 @@ def _settle_start(pool: _Pool, ref: Any) -> None:
     except pool.ray.exceptions.RayActorError as exc:
         if exc.actor_init_failed:  # its models did not load: a setting, not bad luck; stop here
             raise _failed(exc) from None
-        pool.start()  # it died before starting (its node went away): start another
+        pool.lost_at_start += 1  # it died while starting (killed, its node gone): start another
+        if pool.lost_at_start > pool.options.max_attempts * pool.options.workers:
+            raise ClusterError(f"{pool.lost_at_start} bench workers died while loading their models (out of "
+                               "memory? see the Ray logs of the workers)") from None
+        pool.start()
         return
     pool.idle.append(worker)
 

@@ -47,8 +47,10 @@ def keep_replica_grpc_on_loopback() -> None:
     import ray
     from ray.serve._private import replica as serve_replica
 
-    bind = serve_replica.add_port_to_grpc_server
-    if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback or getattr(bind, "loopback", False):
+    bind = getattr(serve_replica, "add_port_to_grpc_server", None)  # None: a Ray that binds it some other way
+    if bind is None or getattr(bind, "loopback", False):
+        return
+    if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
         return
 
     def bind_loopback(server: Any, address: str) -> int:
