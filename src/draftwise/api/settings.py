@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from draftwise.cluster.settings import ServeScale
 from draftwise.config import NEEDS_DRAFT_MODEL, GenerationConfig, ModelOptions
 
 DrafterName = Literal["model", "ngram", "hybrid", "off"]
@@ -44,6 +45,10 @@ class ServerSettings(BaseModel):
     )
     generation: GenerationConfig = Field(
         GenerationConfig(), description="request defaults: max_new_tokens is the default max_tokens, draft the default speculation"
+    )
+    ray: ServeScale | None = Field(
+        None, description="run as a Ray Serve deployment of this many replicas (workers, queue and limits are per "
+        "replica; host and port are Serve's proxy); None = one process on uvicorn"
     )
 
     @model_validator(mode="after")

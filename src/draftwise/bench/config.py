@@ -13,6 +13,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from draftwise.cluster.settings import BenchWorkers
 from draftwise.config import NEEDS_DRAFT_MODEL as DRAFTERS_WITH_MODEL
 from draftwise.config import GenerationConfig, ModelOptions
 from draftwise.errors import DraftwiseError
@@ -57,6 +58,8 @@ class BenchConfig(BaseModel):
     llama_cpp_bin: Path | None = Field(
         None, description="folder holding llama.cpp's own llama-speculative-simple (`make llama-cpp-bin` builds it), "
         "for the llamacpp-spec method")
+    ray: BenchWorkers | None = Field(
+        None, description="run the prompts on Ray workers (draftwise bench --ray); None = in this process")
 
     @field_validator("methods")
     @classmethod

@@ -30,19 +30,29 @@ def _version(package: str) -> str | None:
         return None
 
 
-def machine_info() -> dict[str, Any]:
-    import torch
-
-    from draftwise import __version__
-
+def _cpu_name() -> str:
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                  if line.startswith("model name")]
         cpu = names[0] if names else cpu
+    return cpu
+
+
+def node_info() -> dict[str, Any]:
+    """The machine a record was measured on (every record carries it: a bench spread over a
+    cluster says which node ran what, and the report says when nodes differ)."""
+    return {"host": platform.node(), "cpu": _cpu_name(), "cores": os.cpu_count(), "cpu_flags": _cpu_flags()}
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    from draftwise import __version__
+
     return {
-        "cpu": cpu,
+        "cpu": _cpu_name(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
@@ -199,6 +209,32 @@ def _audit_section(summary: dict[str, Any], methods: Sequence[str], greedy: bool
     return lines
 
 
+def nodes(records: Sequence[Record]) -> list[dict[str, Any]]:
+    """Each machine that ran records (host, CPU, cores), with how many prompts and records it ran."""
+    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in records:
+        node = r.get("node") or {}
+        key = (node.get("host"), node.get("cpu"), node.get("cores"), node.get("cpu_flags"))
+        entry = found.setdefault(key, {**{k: node.get(k) for k in ("host", "cpu", "cores", "cpu_flags")},
+                                       "prompts": set(), "records": 0})
+        entry["prompts"].add(r["prompt_id"])
+        entry["records"] += 1
+    return [{**e, "prompts": len(e["prompts"])} for e in found.values()]
+
+
+def _nodes_lines(machines: Sequence[dict[str, Any]]) -> list[str]:
+    """A warning when the records come from more than one machine."""
+    if len(machines) < 2:
+        return []
+    kinds = {(m["cpu"], m["cores"], m["cpu_flags"]) for m in machines}
+    what = "machines that differ (CPU or cores)" if len(kinds) > 1 else "machines of one kind"
+    listed = "; ".join(f"`{m['host']}`: {m['cpu']} ({m['cpu_flags'] or 'flags unknown'}), {m['cores']} cores, "
+                       f"{m['prompts']} prompts" for m in machines)
+    return [f"- **nodes differ**: {len(machines)} {what} ran these results ({listed}). Each prompt ran all its "
+            "methods on one node, so every per-prompt speedup is a ratio measured on one machine; absolute "
+            "tokens/s and latencies mix machines."]
+
+
 def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt], records: Sequence[Record],
            machine: dict[str, Any], command: str | None, plots: Sequence[str]) -> str:
     methods = list(config.methods)
@@ -223,8 +259,9 @@ def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Promp
         f"- prompts: {len(prompts)} ({sum(len(p.turns) for p in prompts)} turns) from `{config.data}`: "
         + ", ".join(f"{s} {n}" for s, n in counts.items()),
         f"- prompt format: {_chat_line(records, config)}",
-        f"- methods run in one process on the same prompts, order rotated per prompt"
+        f"- each prompt's methods run in one process, one after another, order rotated per prompt"
         f"{', after an untimed warm-up' if config.warmup else ''}; results hash `{summary['config_hash']}`",
+        *_nodes_lines(summary.get("nodes") or []),
         "",
         "## Overall",
         "",
@@ -274,7 +311,8 @@ def write_report(out: Path, summary: dict[str, Any], config: BenchConfig, prompt
     machine = machine_info()
     summary = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
                "config_hash": config.results_hash(), "command": command, "machine": machine,
-               "config": config.model_dump(mode="json"), "plots": [Path(p).name for p in plots], **summary}
+               "config": config.model_dump(mode="json"), "plots": [Path(p).name for p in plots],
+               "nodes": nodes(records), **summary}
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     path = out / REPORT
     path.write_text(render(summary, config, prompts, records, machine, command, plots), encoding="utf-8")

@@ -21,9 +21,11 @@ from draftwise.bench.audit import score_output
 from draftwise.bench.config import REFERENCE, BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt, load_prompts
 from draftwise.bench.methods import Method, Trace, build_methods
+from draftwise.bench.report import node_info
 from draftwise.bench.store import Record, ResultStore, record_key
 from draftwise.chat import encode_messages
 from draftwise.config import GenerationConfig
+from draftwise.costs import calibrate
 from draftwise.lm import LanguageModel
 
 RESULTS = "results.jsonl"
@@ -127,6 +129,116 @@ def _record(trace: Trace, prompt: Prompt, turn: int, method: str, position: int,
     return record
 
 
+def load_models(config: BenchConfig) -> tuple[LanguageModel, LanguageModel | None]:
+    from draftwise.loading import load_pair
+
+    return load_pair(config.target, config.draft if config.needs_draft_model else None, config.models)
+
+
+def generation_for(config: BenchConfig, prompt: Prompt, turn: int, max_new_tokens: int | None = None
+                   ) -> GenerationConfig:
+    """The generation settings of one turn: the configured ones, seeded for this prompt and turn."""
+    g = config.generation
+    sampling = g.sampling.model_copy(update={"seed": sampling_seed(g.sampling.seed, prompt.id, turn)})
+    return g.model_copy(update={"sampling": sampling, "max_new_tokens": max_new_tokens or g.max_new_tokens})
+
+
+def unit_keys(prompt: Prompt, config: BenchConfig, config_hash: str) -> list[str]:
+    """The record keys of one unit: every turn of ``prompt`` by every method."""
+    return [record_key(prompt.id, t, m, config_hash) for t in range(len(prompt.turns)) for m in config.methods]
+
+
+class UnitRunner:
+    """Runs units of work on one process's models: a unit is one prompt, every method on it,
+    interleaved, so every speedup is a ratio measured on one machine. The local bench runs its
+    units one after another; ``draftwise bench --ray`` gives each Ray worker a ``UnitRunner``."""
+
+    def __init__(self, config: BenchConfig, target: LanguageModel, draft: LanguageModel | None,
+                 node: dict[str, Any] | None = None) -> None:
+        self.config = config
+        self.config_hash = config.results_hash()
+        self.target = target
+        # What drafting costs with these models on this machine, for the cost policy.
+        drafting = config.generation.draft
+        profile = calibrate(target, draft, drafting.k_max) if drafting.k_policy == "cost" else None
+        self.methods, self._timers = build_methods(config, target, draft, profile)
+        self.builder = PromptBuilder(target.tokenizer, config.chat_template)
+        self.node = node or node_info()  # which machine ran each record, and its CPU
+        self._scores: dict[int, tuple[float | None, list[float]]] = {}
+
+    def warm_up(self, prompt: Prompt) -> None:
+        """Run every method once on ``prompt``'s first turn, untimed."""
+        warm_ids = self.builder.ids(prompt.turns[:1], [])
+        warm = generation_for(self.config, prompt, 0, min(WARMUP_TOKENS, self.config.generation.max_new_tokens))
+        for method in self.methods.values():
+            method.run(warm_ids, warm)
+
+    def run(self, index: int, prompt: Prompt, stored: Callable[[str], Record | None],
+            emit: Callable[[Record], None], describe: Callable[[str], None] | None = None) -> None:
+        """Run the records of ``prompt`` not yet ``stored`` (key -> record), ``index``-th in the run
+        order (the methods' order rotates by it); ``emit`` each new record as it finishes."""
+        names = list(self.methods)
+        order = names[index % len(names):] + names[: index % len(names)]
+        answers: dict[str, list[str]] = {name: [] for name in names}
+        for turn in range(len(prompt.turns)):
+            for position, name in enumerate(order):
+                record = stored(record_key(prompt.id, turn, name, self.config_hash))
+                if record is None:
+                    if describe is not None:
+                        describe(f"{prompt.subtask} {prompt.id}.{turn + 1} {name}")
+                    record = self._run_one(self.methods[name], prompt, turn, position, answers[name])
+                    emit(record)
+                answers[name].append(record["text"])
+
+    def _run_one(self, method: Method, prompt: Prompt, turn: int, position: int, answers: Sequence[str]) -> Record:
+        prompt_ids = self.builder.ids(prompt.turns[: turn + 1], answers)
+        trace = method.run(prompt_ids, generation_for(self.config, prompt, turn))
+        # Scoring is outside the timed region; identical outputs (the usual case) are scored once.
+        memo = hash((tuple(prompt_ids), tuple(trace.tokens)))
+        if memo not in self._scores:
+            self._scores[memo] = score_output(self.target, prompt_ids, trace.tokens)
+        perplexity, gaps = self._scores[memo]
+        text = self.target.tokenizer.decode(trace.tokens, skip_special_tokens=True)
+        record = _record(trace, prompt, turn, method.name, position, self.config_hash, prompt_ids, text,
+                         perplexity, gaps)
+        record["chat_template"] = self.builder.chat
+        record["node"] = self.node
+        return record
+
+    def close(self) -> None:
+        for timer in self._timers:
+            timer.close()
+
+
+class Recorder:
+    """Where finished records go: the results file, the progress bar and ``on_record``."""
+
+    def __init__(self, store: ResultStore, done: Sequence[Record], todo: int, progress: Any,
+                 on_record: Callable[[Record], None] | None, methods: Sequence[str]) -> None:
+        self.store = store
+        self.progress = progress
+        self.on_record = on_record
+        self.methods = list(methods)
+        self.live = _Live()
+        for record in done:
+            self.live.add(record)
+        self.task = progress.add_task("bench", total=todo, speedup=self.live.describe(self.methods)) if progress else None
+
+    def describe(self, text: str) -> None:
+        if self.progress:
+            self.progress.update(self.task, description=text)
+
+    def add(self, record: Record) -> None:
+        if self.store.get(record["key"]) is not None:
+            return  # a unit run twice (its first worker died after answering) counts once
+        self.store.append(record)
+        self.live.add(record)
+        if self.progress:
+            self.progress.update(self.task, advance=1, speedup=self.live.describe(self.methods))
+        if self.on_record is not None:
+            self.on_record(record)
+
+
 class Bench:
     """One bench run over a configuration; ``run`` measures, ``summary`` analyses."""
 
@@ -134,36 +246,48 @@ class Bench:
         if config.generation.stop or config.generation.ignore_eos:
             raise BenchError("the bench compares against transformers' generate, which has no equivalent of "
                              "stop strings or ignore_eos: leave them unset")
+        if config.ray is not None:
+            from draftwise.cluster.runtime import check_installed
+
+            check_installed()  # before any prompt is loaded or line printed
         self.config = config
         self.prompts = load_prompts(config.data, config.subtasks, config.limit)
         self.config_hash = config.results_hash()
         self.store = ResultStore(config.out / RESULTS)
+        self.retried_units = 0  # --ray: units run again because their worker died
 
     def pending(self) -> int:
         """Units (prompt, turn, method) not yet in the results file."""
-        return sum(
-            self.store.get(record_key(p.id, t, m, self.config_hash)) is None
-            for p in self.prompts for t in range(len(p.turns)) for m in self.config.methods
-        )
+        return sum(self.store.get(key) is None for p in self.prompts for key in unit_keys(p, self.config,
+                                                                                          self.config_hash))
+
+    def pending_units(self) -> list[tuple[int, Prompt]]:
+        """(position in the run order, prompt) of every prompt with a record still to run."""
+        return [(index, prompt) for index, prompt in enumerate(interleave_subtasks(self.prompts))
+                if any(self.store.get(key) is None for key in unit_keys(prompt, self.config, self.config_hash))]
 
     def load_models(self) -> tuple[LanguageModel, LanguageModel | None]:
-        from draftwise.loading import load_pair
-
-        c = self.config
-        return load_pair(c.target, c.draft if c.needs_draft_model else None, c.models)
+        return load_models(self.config)
 
     def run(self, progress: Any = None, on_record: Callable[[Record], None] | None = None,
             models: tuple[LanguageModel, LanguageModel | None] | None = None) -> list[Record]:
         """Run every pending unit; return the records of this configuration and selection.
 
-        ``progress`` is a rich ``Progress`` (or None); ``on_record`` sees each new record.
+        ``progress`` is a rich ``Progress`` (or None); ``on_record`` sees each new record. With
+        ``config.ray`` the units run on Ray workers (``models`` is then unused).
         """
         self.config.out.mkdir(parents=True, exist_ok=True)
         (self.config.out / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         todo = self.pending()
         if todo:
-            target, draft = models or self.load_models()
-            self._measure(target, draft, todo, progress, on_record)
+            recorder = Recorder(self.store, self.records(), todo, progress, on_record, self.config.methods)
+            if self.config.ray is not None:
+                from draftwise.cluster.bench import measure_on_ray
+
+                self.retried_units += measure_on_ray(self, recorder)
+            else:
+                target, draft = models or self.load_models()
+                self._measure(target, draft, recorder)
         return self.records()
 
     def records(self) -> list[Record]:
@@ -171,81 +295,19 @@ class Bench:
         return [r for r in self.store.records(self.config_hash)
                 if r["prompt_id"] in wanted and r["method"] in self.config.methods]
 
-    def _generation(self, prompt: Prompt, turn: int, max_new_tokens: int | None = None) -> GenerationConfig:
-        g = self.config.generation
-        sampling = g.sampling.model_copy(update={"seed": sampling_seed(g.sampling.seed, prompt.id, turn)})
-        return g.model_copy(update={"sampling": sampling, "max_new_tokens": max_new_tokens or g.max_new_tokens})
-
-    def _measure(self, target: LanguageModel, draft: LanguageModel | None, todo: int, progress: Any,
-                 on_record: Callable[[Record], None] | None) -> None:
-        from draftwise.costs import calibrate
-
-        draft_config = self.config.generation.draft
-        profile = calibrate(target, draft, draft_config.k_max) if draft_config.k_policy == "cost" else None
-        methods, timers = build_methods(self.config, target, draft, profile)
+    def _measure(self, target: LanguageModel, draft: LanguageModel | None, recorder: Recorder) -> None:
+        runner = UnitRunner(self.config, target, draft)
         try:
-            self._measure_with(methods, target, todo, progress, on_record)
+            if self.config.warmup:
+                runner.warm_up(self.prompts[0])
+            for index, prompt in enumerate(interleave_subtasks(self.prompts)):
+                runner.run(index, prompt, self.store.get, recorder.add, recorder.describe)
         finally:
-            for timer in timers:
-                timer.close()
-
-    def _measure_with(self, methods: dict[str, Method], target: LanguageModel, todo: int, progress: Any,
-                      on_record: Callable[[Record], None] | None) -> None:
-        builder = PromptBuilder(target.tokenizer, self.config.chat_template)
-        scores: dict[int, tuple[float | None, list[float]]] = {}
-        live = _Live()
-        for r in self.records():
-            live.add(r)
-        task = progress.add_task("bench", total=todo, speedup=live.describe(list(methods))) if progress else None
-
-        if self.config.warmup:
-            first = self.prompts[0]
-            warm_ids = builder.ids(first.turns[:1], [])
-            warm_tokens = min(WARMUP_TOKENS, self.config.generation.max_new_tokens)
-            for method in methods.values():
-                method.run(warm_ids, self._generation(first, 0, warm_tokens))
-
-        names = list(methods)
-        for index, prompt in enumerate(interleave_subtasks(self.prompts)):
-            order = names[index % len(names):] + names[: index % len(names)]
-            answers: dict[str, list[str]] = {name: [] for name in names}
-            for turn in range(len(prompt.turns)):
-                for position, name in enumerate(order):
-                    key = record_key(prompt.id, turn, name, self.config_hash)
-                    record = self.store.get(key)
-                    if record is None:
-                        if progress:
-                            progress.update(task, description=f"{prompt.subtask} {prompt.id}.{turn + 1} {name}")
-                        record = self._run_unit(methods[name], builder, prompt, turn, position, answers[name],
-                                                target, scores)
-                        self.store.append(record)
-                        live.add(record)
-                        if progress:
-                            progress.update(task, advance=1, speedup=live.describe(names))
-                        if on_record is not None:
-                            on_record(record)
-                    answers[name].append(record["text"])
-
-    def _run_unit(self, method: Method, builder: PromptBuilder, prompt: Prompt, turn: int, position: int,
-                  answers: Sequence[str], target: LanguageModel, scores: dict[int, tuple[float | None, list[float]]]
-                  ) -> Record:
-        prompt_ids = builder.ids(prompt.turns[: turn + 1], answers)
-        trace = method.run(prompt_ids, self._generation(prompt, turn))
-        # Scoring is outside the timed region; identical outputs (the usual case) are scored once.
-        memo = hash((tuple(prompt_ids), tuple(trace.tokens)))
-        if memo not in scores:
-            scores[memo] = score_output(target, prompt_ids, trace.tokens)
-        perplexity, gaps = scores[memo]
-        text = target.tokenizer.decode(trace.tokens, skip_special_tokens=True)
-        record = _record(trace, prompt, turn, method.name, position, self.config_hash, prompt_ids, text,
-                         perplexity, gaps)
-        record["chat_template"] = builder.chat
-        return record
+            runner.close()
 
     def summary(self) -> dict[str, Any]:
         greedy = self.config.generation.sampling.greedy
         return summarize(self.records(), self.prompts, self.config.methods, greedy)
-
 
 
 def run_bench(config: BenchConfig, *, command: str | None = None, progress: Any = None,

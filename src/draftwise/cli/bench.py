@@ -14,7 +14,8 @@ from typing import Any
 import typer
 
 from draftwise.bench.config import METHODS, BenchConfig
-from draftwise.cli.options import fail, field_option, one_line, with_model_options
+from draftwise.cli.options import fail, field_option, one_line, with_cluster_options, with_model_options
+from draftwise.cluster.settings import BenchWorkers
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 
 # A first look in a few minutes on a 2-core CPU: the 135M model, drafting for itself (the
@@ -37,6 +38,8 @@ def _split(value: str | None) -> tuple[str, ...] | None:
 def register(app: typer.Typer) -> None:
     @app.command()
     @with_model_options()
+    @with_cluster_options(BenchWorkers, "run the prompts on Ray workers (each loads the models once, runs whole "
+                          "prompts), on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])")
     def bench(
         target: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "target")),
         draft: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "draft")),
@@ -65,6 +68,7 @@ def register(app: typer.Typer) -> None:
         llama_cpp_bin: Path | None = field_option(BenchConfig, "llama_cpp_bin"),
         models: ModelOptions = ModelOptions(),
         models_given: dict | None = None,
+        ray: BenchWorkers | None = None,
     ) -> None:
         """Benchmark draftwise (baseline, model drafter, n-gram) against transformers (assisted generation,
         prompt lookup, plain generate) on the same prompts in one process; an interrupted run resumes."""
@@ -84,6 +88,7 @@ def register(app: typer.Typer) -> None:
                 chat_template=chat,
                 warmup=warmup,
                 out=out,
+                ray=ray,
                 generation=GenerationConfig(
                     max_new_tokens=max_new_tokens or preset.get("max_new_tokens") or
                     GenerationConfig.model_fields["max_new_tokens"].default,

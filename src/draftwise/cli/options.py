@@ -154,3 +154,43 @@ def with_model_options(skip: Iterable[str] = ()) -> Callable[[Callable[..., Any]
         return wrapper
 
     return decorate
+
+
+def cluster_settings(model: type[BaseModel], enabled: bool, values: dict[str, Any]) -> Any:
+    """``model`` (cluster settings) from the cluster flags given, with ``--ray``; ``None``
+    without it, where a cluster flag is an error rather than silently ignored."""
+    given = {name: value for name, value in values.items() if value is not None}
+    if not enabled:
+        if given:
+            raise fail(f"{', '.join(flag(name) for name in given)} only applies with --ray")
+        return None
+    try:
+        return model(**given)
+    except ValidationError as exc:
+        raise fail(one_line(exc)) from None
+
+
+def with_cluster_options(model: type[BaseModel], switch_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator for a typer command: ``--ray`` (help ``switch_help``) and one flag per field of
+    ``model`` (``--ray-address``, ``--replicas``, ...; not given unless set), handed to the command
+    as ``ray``: a validated ``model`` with ``--ray``, else ``None``."""
+    names = list(model.model_fields)
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command)
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            enabled = kwargs.pop("use_ray")
+            values = {name: kwargs.pop(name) for name in names}
+            return command(**kwargs, ray=cluster_settings(model, enabled, values))
+
+        kept = [p for p in signature.parameters.values() if p.name != "ray"]
+        switch = inspect.Parameter("use_ray", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                   default=typer.Option(False, "--ray", help=switch_help))
+        extra = [_parameter(name, field) for name, field in model.model_fields.items()]
+        wrapper.__signature__ = signature.replace(parameters=kept + [switch] + extra)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+

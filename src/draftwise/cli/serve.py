@@ -9,7 +9,8 @@ from __future__ import annotations
 import typer
 
 from draftwise.api.settings import API_KEY_ENV, ServerSettings
-from draftwise.cli.options import fail, field_option, one_line, warn_if_exposed, with_model_options
+from draftwise.cli.options import fail, field_option, one_line, warn_if_exposed, with_cluster_options, with_model_options
+from draftwise.cluster.settings import ServeScale
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
 from draftwise.errors import DraftwiseError
 from draftwise.registry import DEFAULT_TARGET
@@ -28,6 +29,8 @@ def _recommended(target: str) -> tuple[str | None, str]:
 def register(app: typer.Typer) -> None:
     @app.command()
     @with_model_options()
+    @with_cluster_options(ServeScale, "run on Ray Serve: replicas behind one endpoint, on a local Ray (127.0.0.1) "
+                          "or --ray-address (needs draftwise[ray])")
     def serve(
         target: str = typer.Option(DEFAULT_TARGET, help=ServerSettings.model_fields["target"].description),
         draft: str | None = field_option(ServerSettings, "draft"),
@@ -49,9 +52,10 @@ def register(app: typer.Typer) -> None:
         max_body_bytes: int = field_option(ServerSettings, "max_body_bytes"),
         models: ModelOptions = ModelOptions(),
         models_given: dict | None = None,
+        ray: ServeScale | None = None,
     ) -> None:
         """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
-        plus /metrics (Prometheus), /health and /docs."""
+        plus /metrics (Prometheus), /health and /docs; with --ray, as replicas on Ray Serve."""
         from pydantic import ValidationError
 
         if draft is None and drafter is None:
@@ -60,23 +64,35 @@ def register(app: typer.Typer) -> None:
             settings = ServerSettings(
                 target=target, draft=draft, drafter=drafter, host=host, port=port, workers=workers,
                 queue_size=queue_size, request_timeout=request_timeout, max_context=max_context, model_name=model_name,
-                models=models, api_key=api_key, max_body_bytes=max_body_bytes,
+                models=models, api_key=api_key, max_body_bytes=max_body_bytes, ray=ray,
                 generation=GenerationConfig(max_new_tokens=max_tokens, draft=DraftConfig(k_policy=k_policy, k=k)),
             )
         except ValidationError as exc:
             raise fail(one_line(exc)) from None
-
-        import uvicorn
-
-        from draftwise.api.app import create_app
-
-        typer.echo(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...",
-                   err=True)
-        try:
-            server = create_app(settings, log=lambda note: typer.echo(note, err=True))
-        except DraftwiseError as exc:
-            raise fail(str(exc), exc.exit_code) from None
         warn_if_exposed(settings.host, settings.api_key)
-        typer.echo(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
-                   f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)", err=True)
-        uvicorn.run(server, host=settings.host, port=settings.port, log_level="info")
+        if settings.ray is not None:
+            from draftwise.cluster.serve_app import serve_on_ray
+
+            serve_on_ray(settings, log=_note)
+        else:
+            _serve_here(settings)
+
+
+def _note(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def _serve_here(settings: ServerSettings) -> None:
+    """This process, on uvicorn."""
+    import uvicorn
+
+    from draftwise.api.app import create_app
+
+    _note(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...")
+    try:
+        server = create_app(settings, log=_note)
+    except DraftwiseError as exc:
+        raise fail(str(exc), exc.exit_code) from None
+    _note(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
+          f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)")
+    uvicorn.run(server, host=settings.host, port=settings.port, log_level="info")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import typer
 
-from draftwise.cli.options import fail, field_option, one_line, warn_if_exposed, with_model_options
+from draftwise.cli.options import fail, field_option, one_line, warn_if_exposed, with_cluster_options, with_model_options
+from draftwise.cluster.settings import ServeScale
 from draftwise.config import ModelOptions
 from draftwise.errors import DraftwiseError
 from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
@@ -17,6 +18,8 @@ from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
 def register(app: typer.Typer) -> None:
     @app.command("serve-verifier")
     @with_model_options(skip=("draft_quant",))
+    @with_cluster_options(ServeScale, "run on Ray Serve: replicas behind one endpoint, each session routed to the "
+                          "replica holding it, on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])")
     def serve_verifier(
         target: str = field_option(VerifierSettings, "target"),
         host: str = field_option(VerifierSettings, "host"),
@@ -30,6 +33,7 @@ def register(app: typer.Typer) -> None:
         max_body_bytes: int = field_option(VerifierSettings, "max_body_bytes"),
         models: ModelOptions = ModelOptions(),
         models_given: dict | None = None,
+        ray: ServeScale | None = None,
     ) -> None:
         """Serve a target model as a remote verifier: drafters elsewhere send one request per block."""
         from pydantic import ValidationError
@@ -37,12 +41,18 @@ def register(app: typer.Typer) -> None:
         values = dict(
             target=target, models=models, host=host, port=port, api_key=api_key,
             max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, max_context=max_context,
-            max_block=max_block, max_q_entries=max_q_entries, max_body_bytes=max_body_bytes,
+            max_block=max_block, max_q_entries=max_q_entries, max_body_bytes=max_body_bytes, ray=ray,
         )
         try:
             settings = VerifierSettings(**values)
         except ValidationError as exc:
             raise fail(one_line(exc)) from None
+        if settings.ray is not None:
+            from draftwise.cluster.verifier import serve_verifier_on_ray
+
+            warn_if_exposed(settings.host, settings.api_key)
+            serve_verifier_on_ray(settings, log=lambda note: typer.echo(note, err=True))
+            return
 
         import uvicorn
 

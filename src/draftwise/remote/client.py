@@ -35,6 +35,13 @@ from draftwise.remote.settings import API_KEY_ENV
 from draftwise.target import Verification
 from draftwise.verify import Verdict
 
+# A fleet (``ServerInfo.routing_header``): how long a verify whose session the answering replica
+# does not hold keeps being retried, for the router to reach the replica that holds it (the
+# router learns of a new session within a few hundred milliseconds), before the session is
+# opened again; and the pause between those retries.
+ROUTING_PATIENCE_S = 2.0
+ROUTING_RETRY_S = 0.05
+
 
 class RemoteVerifierError(TargetError, RuntimeError):
     """The verifier cannot be used (unreachable, refused, incompatible); the message says why.
@@ -76,6 +83,8 @@ class RemoteTarget:
                 f"verifier at {self.url} speaks protocol {self.info.protocol_version}, this client {PROTOCOL_VERSION}"
             )
         self.eos_token_ids = tuple(self.info.eos_token_ids)
+        self.reopens = 0  # sessions opened again because the server no longer (or never) held them
+        self.routing_retries = 0  # a fleet's 404s retried while its router caught up with a session
         self._session: str | None = None
         self._server_context: list[int] = []  # what the server's session holds, mirrored
         self._sampling = SamplingConfig()  # of the current generation
@@ -94,6 +103,11 @@ class RemoteTarget:
                 f"verifier at {self.url} answered {response.status_code}: {detail}", status=response.status_code
             )
         return response
+
+    def _route(self, session: str) -> dict[str, str]:
+        """The header that routes a request to the replica holding ``session`` (a fleet only)."""
+        header = self.info.routing_header
+        return {header: session} if header else {}
 
     def _open(self, request: OpenSession) -> None:
         self._close_session()
@@ -138,32 +152,60 @@ class RemoteTarget:
         # Verifying fewer draft tokens is always valid: the rest are simply not offered.
         return Proposal(proposal.tokens[:room], None if proposal.probs is None else proposal.probs[:room])
 
+    def _session_call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """A request to the current session. A fleet (``routing_header``) may answer 404 while its
+        router has not yet learnt which replica holds a new session: retried for
+        ``ROUTING_PATIENCE_S`` before the 404 is believed."""
+        session = self._session or ""
+        headers = {**kwargs.pop("headers", {}), **self._route(session)}
+        missed_at = None
+        while True:
+            try:
+                return self._call(method, path, headers=headers, **kwargs)
+            except RemoteVerifierError as exc:
+                if exc.status != 404 or not self.info.routing_header:
+                    raise
+                missed_at = missed_at or time.monotonic()
+                if time.monotonic() - missed_at >= ROUTING_PATIENCE_S:
+                    raise
+            self.routing_retries += 1
+            time.sleep(ROUTING_RETRY_S)
+
+    def _post_verify(self, context: Sequence[int], tokens: list[int], q_ids: Any, q_probs: Any
+                     ) -> tuple[httpx.Response, bytes, float]:
+        """One verify on the current session: (response, body sent, round-trip seconds)."""
+        keep = _common_prefix(self._server_context, context)
+        body = encode_verify_request(keep, list(context[keep:]), tokens, q_ids, q_probs)
+        sent = time.perf_counter()
+        response = self._session_call("POST", f"/v1/sessions/{self._session}/verify", content=body,
+                                      headers={"content-type": "application/octet-stream"})
+        return response, body, time.perf_counter() - sent
+
+    def _verify_anywhere(self, context: Sequence[int], tokens: list[int], q_ids: Any, q_probs: Any
+                         ) -> tuple[httpx.Response, bytes, float, int]:
+        """``_post_verify``; when the server no longer holds the session (expired, evicted, its
+        replica gone), the session is opened again holding the context, once, and the last item
+        is 1. A fresh random stream (no seed) keeps the draws independent of the ones already
+        made, so the output stays lossless (not reproducible under sampling; greedy is unchanged).
+        """
+        try:
+            return (*self._post_verify(context, tokens, q_ids, q_probs), 0)
+        except RemoteVerifierError as exc:
+            if exc.status != 404:
+                raise
+        self._session = None  # gone: nothing to close
+        self._open(OpenSession(prompt=list(context), sampling=self._sampling.model_copy(update={"seed": None})))
+        self.reopens += 1
+        return (*self._post_verify(context, tokens, q_ids, q_probs), 1)
+
     def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
         if self._session is None:
             raise RemoteVerifierError("verify called before start")
         proposal = self._fit(context, proposal)
         tokens = proposal.tokens.tolist()
         q_ids, q_probs = self._sparse_q(proposal)
-        q_ids_np = None if q_ids is None else q_ids.numpy()
-        q_probs_np = None if q_probs is None else q_probs.numpy()
-        for attempt in range(2):
-            keep = _common_prefix(self._server_context, context)
-            body = encode_verify_request(keep, list(context[keep:]), tokens, q_ids_np, q_probs_np)
-            sent = time.perf_counter()
-            try:
-                response = self._call(
-                    "POST", f"/v1/sessions/{self._session}/verify", content=body,
-                    headers={"content-type": "application/octet-stream"},
-                )
-                break
-            except RemoteVerifierError as exc:
-                if attempt or exc.status != 404:
-                    raise
-                # The session expired or was evicted: open a new one holding the context and
-                # retry. A fresh random stream (no seed) keeps the draws independent of the
-                # ones already made, so the output stays lossless (not reproducible).
-                self._open(OpenSession(prompt=list(context), sampling=self._sampling.model_copy(update={"seed": None})))
-        round_trip = time.perf_counter() - sent
+        response, body, round_trip, reopened = self._verify_anywhere(
+            context, tokens, None if q_ids is None else q_ids.numpy(), None if q_probs is None else q_probs.numpy())
         try:
             answer = decode_verify_response(response.content, len(tokens))
         except ProtocolError as exc:
@@ -178,16 +220,18 @@ class RemoteTarget:
                 "network_seconds": max(0.0, round_trip - answer.server_seconds),
                 "request_bytes": len(body),
                 "response_bytes": len(response.content),
+                "reopened": reopened,  # 1: the session was opened again before this verify
             },
         )
 
     def _close_session(self) -> None:
         if self._session is not None:
-            session, self._session = self._session, None
             try:
-                self._call("DELETE", f"/v1/sessions/{session}")
+                self._session_call("DELETE", f"/v1/sessions/{self._session}")
             except RemoteVerifierError:
                 pass  # already gone (expired, evicted, server restarted): nothing to free
+            finally:
+                self._session = None
 
     def close(self) -> None:
         self._close_session()

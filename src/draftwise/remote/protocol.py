@@ -181,11 +181,27 @@ class ServerInfo(_Strict):
     vocab_size: int = Field(..., description="rows of the target's output layer: token ids must be below this")
     eos_token_ids: list[int]
     limits: Limits
+    routing_header: str | None = Field(
+        None, description="a fleet of replicas (draftwise serve-verifier --ray): the header that carries the session "
+        "ID on every request to a session, so it is routed to the replica holding it; None = one server"
+    )
+
+
+class Affinity(_Strict):
+    hits: int = Field(..., description="verifies that found their session on the server that answered")
+    misses: int = Field(
+        ..., description="verifies for a session the server did not hold (expired, evicted, or in a fleet held by "
+        "another replica); the client re-opens the session there, losslessly"
+    )
 
 
 class Health(_Strict):
     status: str
     sessions: int
+    affinity: Affinity
+    replicas: dict[str, Health] | None = Field(
+        None, description="a fleet: each replica's own view, by replica ID (the fields above are their sums)"
+    )
 
 
 class ErrorDetail(_Strict):

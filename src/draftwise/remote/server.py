@@ -33,6 +33,7 @@ from draftwise.engine import seeded_generators
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import (
     PROTOCOL_VERSION,
+    Affinity,
     ErrorDetail,
     Health,
     Limits,
@@ -89,10 +90,15 @@ class VerifierService:
         self.max_context = min(settings.max_context, lm.max_context or settings.max_context)
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
+        self.hits = 0  # verifies that found their session here
+        self.misses = 0  # verifies for a session not held here (its client re-opens it)
 
     @property
     def session_count(self) -> int:
         return len(self._sessions)
+
+    def health(self) -> Health:
+        return Health(status="ok", sessions=self.session_count, affinity=Affinity(hits=self.hits, misses=self.misses))
 
     def info(self) -> ServerInfo:
         s = self.settings
@@ -193,7 +199,9 @@ class VerifierService:
             self._expire_locked(time.monotonic())
             session = self._sessions.get(session_id)
             if session is None:
+                self.misses += 1
                 raise VerifierError(404, f"unknown session {session_id!r} (closed, expired or evicted)")
+            self.hits += 1
             self._sessions.move_to_end(session_id)
             session.last_used = time.monotonic()
             if request.keep > len(session.context):
@@ -337,17 +345,19 @@ def _session_routes(service: VerifierService, authorize: Callable[..., Any]) -> 
 
 
 def create_app(settings: VerifierSettings, lm: LanguageModel | None = None,
-               log: Callable[[str], None] | None = None) -> FastAPI:
-    """Build the verifier app; loads ``settings.target`` unless a loaded ``lm`` is given.
+               log: Callable[[str], None] | None = None, *, service: VerifierService | None = None) -> FastAPI:
+    """Build the verifier app; loads ``settings.target`` unless a loaded ``lm`` is given, or a
+    ``service`` (over its own model: a fleet replica's, see ``draftwise.cluster.verifier``).
 
     Open without a key: ``/health`` (for probes) and the API's description (``/docs``,
     ``/redoc``, ``/openapi.json``); every other route needs the key when there is one.
     """
-    if lm is None:
-        from draftwise.loading import load_lm
+    if service is None:
+        if lm is None:
+            from draftwise.loading import load_lm
 
-        lm = load_lm(settings.target, settings.models, log=log)
-    service = VerifierService(settings, lm)
+            lm = load_lm(settings.target, settings.models, log=log)
+        service = VerifierService(settings, lm)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -379,8 +389,8 @@ def create_app(settings: VerifierSettings, lm: LanguageModel | None = None,
 
     @app.get("/health", response_model=Health, tags=["status"])
     async def health() -> Health:
-        """Liveness; open without a key so load balancers can probe it."""
-        return Health(status="ok", sessions=service.session_count)
+        """Liveness, open sessions and session affinity; open without a key so load balancers can probe it."""
+        return service.health()
 
     authorize = bearer_guard(settings.api_key, lambda message, headers: VerifierError(401, message, headers))
     app.include_router(_session_routes(service, authorize))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from draftwise.cluster.settings import ServeScale
 from draftwise.config import ModelOptions
 
 API_KEY_ENV = "DRAFTWISE_VERIFIER_API_KEY"  # read by serve-verifier and by the client
@@ -33,3 +34,7 @@ class VerifierSettings(BaseModel):
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body accepted")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often idle sessions are looked for")
+    ray: ServeScale | None = Field(
+        None, description="run as a Ray Serve deployment of this many replicas, sessions routed by their ID "
+        "(limits are per replica; host and port are Serve's proxy); None = one process on uvicorn"
+    )
