@@ -9,7 +9,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${PY:-python3}"
-version="$(sed -n 's/^llama-cpp-python==\([^[:space:]]*\).*/\1/p' "$root/constraints.txt")"
+version="$(sed -n 's/^llama-cpp-python==\([^[:space:]]*\).*/\1/p' "$root/constraints.txt" | head -n 1)"
 if [ -z "$version" ]; then
     echo "error: constraints.txt pins no llama-cpp-python version" >&2
     exit 2

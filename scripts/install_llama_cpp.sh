@@ -15,7 +15,7 @@
 set -euo pipefail
 bin="${1:?usage: $0 VENV_BIN}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
-version="$(sed -n 's/^llama-cpp-python==//p' "$here/constraints.txt")"
+version="$(sed -n 's/^llama-cpp-python==//p' "$here/constraints.txt" | head -n 1)"
 [ -n "$version" ] || { echo "constraints.txt pins no llama-cpp-python version" >&2; exit 1; }
 flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m)"
 tag="$(printf '%s' "$flags" | sha256sum | cut -c1-12)"
