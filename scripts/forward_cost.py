@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import get_args
 
 import torch
+
+from draftwise.config import Backend, Dtype
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -80,8 +83,8 @@ def matmul_cost(repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--backend", default="auto", choices=["auto", "llamacpp", "hf"])
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="hf backend")
+    parser.add_argument("--backend", default="auto", choices=get_args(Backend))
+    parser.add_argument("--dtype", default="auto", choices=get_args(Dtype), help="hf backend")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--blocks", default="1,2,5,9")
     parser.add_argument("--repeats", type=int, default=5)

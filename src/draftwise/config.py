@@ -7,16 +7,21 @@ the bench build these objects rather than inventing their own settings.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 KPolicyName = Literal["fixed", "heuristic", "cost"]
 
-# The drafters every entry point offers by name (see draftwise.drafters.build_drafter); the
-# ones that draft with a model need a draft model loaded.
+# The drafters by name: the one vocabulary of the CLI, the API, the bench and the dashboard.
+# DrafterKind: the ones that draft (see draftwise.drafters.build_drafter); DrafterName adds
+# "off", plain decoding, wherever a drafter is chosen per request or per run. The ones that
+# draft with a model need a draft model loaded.
 DrafterKind = Literal["model", "ngram", "hybrid"]
-NEEDS_DRAFT_MODEL: frozenset[str] = frozenset({"model", "hybrid"})
+DrafterName = Literal[DrafterKind, "off"]
+DRAFTER_KINDS: tuple[DrafterKind, ...] = get_args(DrafterKind)
+DRAFTER_NAMES: tuple[DrafterName, ...] = get_args(DrafterName)
+NEEDS_DRAFT_MODEL: frozenset[DrafterKind] = frozenset({"model", "hybrid"})
 
 # Quantization of a draft model (hf: weight-only int8/int4 layers, draftwise.backends.quant;
 # llamacpp: a Q8_0/Q4_0 copy of the file). The draft's precision cannot change the output,

@@ -12,9 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer
 
-from draftwise.api.settings import DrafterName
 from draftwise.chat import encodable
-from draftwise.config import DraftConfig
+from draftwise.config import DraftConfig, DrafterName
 
 
 class _Request(BaseModel):

@@ -6,14 +6,11 @@ takes, so the server never keeps a second copy of those knobs.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from draftwise.cluster.settings import ServeScale
-from draftwise.config import NEEDS_DRAFT_MODEL, GenerationConfig, ModelOptions
+from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig, ModelOptions
 
-DrafterName = Literal["model", "ngram", "hybrid", "off"]
 API_KEY_ENV = "DRAFTWISE_API_KEY"  # read by `draftwise serve`
 
 

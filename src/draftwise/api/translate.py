@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from draftwise.api.errors import APIError, invalid, validation_error
 from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from draftwise.api.settings import DrafterName, ServerSettings
-from draftwise.config import NEEDS_DRAFT_MODEL, DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.api.settings import ServerSettings
+from draftwise.config import NEEDS_DRAFT_MODEL, DraftConfig, DrafterName, GenerationConfig, SamplingConfig
 
 
 @dataclass(frozen=True)

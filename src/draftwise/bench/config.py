@@ -14,21 +14,23 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from draftwise.cluster.settings import BenchWorkers
-from draftwise.config import NEEDS_DRAFT_MODEL as DRAFTERS_WITH_MODEL
-from draftwise.config import GenerationConfig, ModelOptions
+from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig, ModelOptions
 from draftwise.errors import DraftwiseError
 
-# draftwise's own methods are plain decoding ("baseline") and one per drafter (draftwise.config.
-# DrafterKind); the anchors are other projects' decoding loops on the same model files.
-MethodName = Literal["baseline", "model", "ngram", "hybrid", "hf-assisted", "hf-pld", "hf-baseline",
-                     "llamacpp-plain", "llamacpp-pld", "llamacpp-spec"]
+# draftwise's own methods are plain decoding ("baseline") and one per drafter that drafts
+# (draftwise.config.DrafterKind); the anchors are other projects' decoding loops on the same
+# model files.
+HfAnchor = Literal["hf-assisted", "hf-pld", "hf-baseline"]
+LlamacppAnchor = Literal["llamacpp-plain", "llamacpp-pld", "llamacpp-spec"]
+MethodName = Literal["baseline", DrafterKind, HfAnchor, LlamacppAnchor]
 METHODS: tuple[MethodName, ...] = get_args(MethodName)
 REFERENCE: MethodName = "baseline"  # every speedup and every losslessness check is against this one
-HF_ANCHORS: tuple[MethodName, ...] = ("hf-assisted", "hf-pld", "hf-baseline")
-LLAMACPP_ANCHORS: tuple[MethodName, ...] = ("llamacpp-plain", "llamacpp-pld", "llamacpp-spec")
+HF_ANCHORS: tuple[MethodName, ...] = get_args(HfAnchor)
+LLAMACPP_ANCHORS: tuple[MethodName, ...] = get_args(LlamacppAnchor)
 ANCHORS = HF_ANCHORS + LLAMACPP_ANCHORS
-# Methods that draft with the draft model (the bench then loads it).
-NEEDS_DRAFT_MODEL: frozenset[str] = DRAFTERS_WITH_MODEL | {"hf-assisted", "llamacpp-spec"}
+# Methods that draft with the draft model (the bench then loads it): the drafters that need
+# one, and the anchors that draft with it.
+METHODS_WITH_DRAFT_MODEL: frozenset[str] = NEEDS_DRAFT_MODEL | {"hf-assisted", "llamacpp-spec"}
 
 SPEC_BENCH = "spec_bench"
 
@@ -77,7 +79,7 @@ class BenchConfig(BaseModel):
 
     @property
     def needs_draft_model(self) -> bool:
-        return any(m in NEEDS_DRAFT_MODEL for m in self.methods)
+        return any(m in METHODS_WITH_DRAFT_MODEL for m in self.methods)
 
     def results_hash(self) -> str:
         """Hash of every setting that changes what a method produces or how fast.
