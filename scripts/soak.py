@@ -314,7 +314,7 @@ def _counting_target(url: str, tally: Tally) -> Any:
                 response = super()._call(method, path, **kwargs)
             except RemoteVerifierError as exc:
                 with tally.lock:
-                    tally.statuses[str(exc.status or "no answer")] += 1
+                    tally.statuses[str(exc.reply_status or "no answer")] += 1
                 raise
             with tally.lock:
                 tally.statuses[str(response.status_code)] += 1

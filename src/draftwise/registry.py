@@ -16,11 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from draftwise.errors import DraftwiseError
+
 HOME_ENV = "DRAFTWISE_HOME"
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(DraftwiseError, ValueError):
     """A short name that is not in the registry."""
+
+    status = 404
 
 
 @dataclass(frozen=True)

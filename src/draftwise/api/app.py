@@ -27,6 +27,7 @@ from draftwise.api.openapi import GUARDED, UNKNOWN_MODEL, complete, generation_r
 from draftwise.api.pool import GenerationTimeout, Job, QueueFull, WorkerPool, build_workers
 from draftwise.api.settings import ServerSettings
 from draftwise.api.translate import Plan, encode_chat, encode_completion, plan
+from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
 from draftwise.metrics import GenerationMetrics
 from draftwise.lm import LanguageModel
@@ -168,7 +169,7 @@ class _JobStream(StreamingResponse):
 
 
 def _timed_out(exc: GenerationTimeout) -> APIError:
-    return APIError(504, str(exc), type="timeout_error", code="request_timeout")
+    return APIError(exc.status, str(exc), type="timeout_error", code="request_timeout")
 
 
 def _internal(exc: Exception) -> APIError:
@@ -237,7 +238,7 @@ class _Service:
         try:
             job = self.pool.admit()
         except QueueFull as exc:
-            raise APIError(429, f"the server is busy ({exc}); retry later", type="rate_limit_error",
+            raise APIError(exc.status, f"the server is busy ({exc}); retry later", type="rate_limit_error",
                            code="rate_limit_exceeded", headers={"Retry-After": str(self.settings.retry_after)}) from exc
         self.metrics.prompt_tokens.inc(len(prompt))
         events = self.pool.run(job, request_plan.prompt, request_plan.config, request_plan.drafter)
@@ -358,7 +359,7 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
         if settings.generation.draft.k_policy == "cost":
             profile = calibrate(target, draft, settings.generation.draft.k_max, log)
     if target.tokenizer is None:
-        raise ValueError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
+        raise ModelLoadError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
 
     metrics = ServerMetrics()
     pool = WorkerPool(build_workers(target, draft, settings.workers, profile), settings.queue_size,
@@ -381,18 +382,22 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
     app.state.pool = pool
     app.state.metrics = metrics
     install_handlers(app)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
-                       error=lambda status, message: APIError(status, message).response())
-    authorize = bearer_guard(settings.api_key, lambda message, headers: APIError(
-        401, message, type="authentication_error", code="invalid_api_key", headers=headers))
-    # Open without a key: /health and /metrics (probes, scrapers) and the API's description
-    # (/docs, /redoc, /openapi.json), which holds nothing the source does not.
-    guarded = [Depends(authorize)]
-    app.add_middleware(_CountRequests, metrics=metrics,
-                       endpoints=lambda: {route.path for route in app.routes})  # type: ignore[attr-defined]
-
+    guarded = _install_middleware(app, settings, metrics)
     _add_v1_routes(app, service, guarded)
     _add_status_routes(app, service)
     complete(app, settings.served_model)  # the rest of /openapi.json
     return app
+
+
+def _install_middleware(app: FastAPI, settings: ServerSettings, metrics: ServerMetrics) -> list[Any]:
+    """The body limit and request counting; returns the dependencies of the key-guarded routes."""
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
+                       error=lambda status, message: APIError(status, message).response())
+    authorize = bearer_guard(settings.api_key, lambda message, headers: APIError(
+        401, message, type="authentication_error", code="invalid_api_key", headers=headers))
+    app.add_middleware(_CountRequests, metrics=metrics,
+                       endpoints=lambda: {route.path for route in app.routes})  # type: ignore[attr-defined]
+    # Open without a key: /health and /metrics (probes, scrapers) and the API's description
+    # (/docs, /redoc, /openapi.json), which holds nothing the source does not.
+    return [Depends(authorize)]
 

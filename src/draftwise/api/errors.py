@@ -6,6 +6,7 @@ clients written for OpenAI read draftwise's errors unchanged. User mistakes are 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,10 +15,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftwise.api.schemas import ErrorBody, ErrorResponse
+from draftwise.errors import DraftwiseError, field_path, validation_message
 
 
-class APIError(Exception):
-    """An error for the client, with its HTTP status and OpenAI error fields."""
+class APIError(DraftwiseError):
+    """An error for the client, with its HTTP status (``status``, this instance's own) and
+    OpenAI error fields."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None) -> None:
@@ -37,24 +40,10 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
     return APIError(400, message, param=param, code=code)
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p != "body"]
-    # Drop pydantic's union-branch tags (e.g. "str", "list[int]", "function-after[...]").
-    parts = [p for p in parts if not (p in ("str", "int", "float", "bool") or "[" in p)]
-    return ".".join(parts)
-
-
-def validation_error(errors: list[dict[str, Any]]) -> APIError:
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     """One readable 400 from pydantic's error list: 'field: problem; other.field: problem'."""
-    messages = []
-    for err in errors:
-        where = _location(tuple(err.get("loc", ())))
-        text = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-        if err.get("type") == "extra_forbidden":
-            text = "unknown field (not supported)"
-        messages.append(f"{where}: {text}" if where else text)
-    first = _location(tuple(errors[0].get("loc", ()))) if errors else None
-    return invalid("; ".join(dict.fromkeys(messages)), param=first or None, code="invalid_value")
+    first = ".".join(field_path(errors[0].get("loc", ()))) if errors else None
+    return invalid(validation_message(errors, every=True), param=first or None, code="invalid_value")
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -21,22 +21,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftwise.api.monitoring import ServerMetrics
-from draftwise.api.settings import DrafterName
-from draftwise.config import NEEDS_DRAFT_MODEL, GenerationConfig
+from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig
 from draftwise.drafters import Drafter, build_drafter
 from draftwise.engine import SpeculativeEngine
+from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
 from draftwise.lm import LanguageModel
 from draftwise.policies import CostProfile
 from draftwise.target import LocalTarget
 
 
-class QueueFull(Exception):
-    """Every worker is busy and the waiting queue is full."""
+class QueueFull(DraftwiseError):
+    """Every worker is busy and the waiting queue is full (the server answers 429)."""
+
+    exit_code = 1
+    status = 429
 
 
-class GenerationTimeout(Exception):
-    """The request ran past its deadline (queueing included)."""
+class GenerationTimeout(DraftwiseError):
+    """The request ran past its deadline, queueing included (the server answers 504)."""
+
+    exit_code = 1
+    status = 504
 
 
 def make_drafter(name: DrafterName, draft: LanguageModel | None) -> Drafter | None:

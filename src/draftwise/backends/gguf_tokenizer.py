@@ -17,11 +17,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from draftwise.chat import PromptError
+
 # llama_token_attr bits (llama.h): tokens that are markup rather than text.
 _CONTROL = 1 << 3
 
 
-class ChatTemplateRenderError(ValueError):
+class ChatTemplateRenderError(PromptError):
     """The chat template refused the messages (it raised, or it is broken)."""
 
 

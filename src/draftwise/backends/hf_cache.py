@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from transformers import DynamicCache, PretrainedConfig
 
+from draftwise.errors import ModelLoadError
 
-class CacheRollbackError(RuntimeError):
-    """The model's cache cannot be rolled back, so it cannot be used for speculation."""
+
+class CacheRollbackError(ModelLoadError, RuntimeError):
+    """The model's cache cannot be rolled back, so it cannot be used for speculation.
+
+    A user's error, not a bug: it is raised when such a model is loaded (the model type the
+    user chose has sliding-window or recurrent layers), so it is a ``ModelLoadError``.
+    """
 
 
 class KVCache:

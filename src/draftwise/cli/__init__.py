@@ -3,13 +3,20 @@
 Each command lives in its own module with a ``register(app)`` function and keeps its heavy
 imports (torch, transformers, servers) inside the command body, so ``draftwise --help`` is
 instant.
+
+A ``DraftwiseError`` (a user's mistake, or a failure the user should read about) is printed as
+one line, ``error: ...``, and the command exits with the error's code; anything else is a bug
+and keeps its traceback. ``draftwise --debug COMMAND`` (or ``DRAFTWISE_DEBUG=1``) shows the
+traceback of a ``DraftwiseError`` too.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import typer
@@ -18,42 +25,71 @@ from draftwise.cli import bench, dashboard, generate, models, serve, verifier
 from draftwise.errors import DraftwiseError
 
 DEBUG_ENV = "DRAFTWISE_DEBUG"  # set to 1: errors come with their traceback
+HELP = "Lossless speculative decoding: a cheap drafter proposes, the target verifies."
+_CONTEXT = "_draftwise_context"  # the parameter through which typer hands a command its context
+
+
+@dataclass(frozen=True)
+class Options:
+    """The root command's options, handed to every command through the context's object."""
+
+    debug: bool = False
+
+
+def _debugging(ctx: typer.Context | None) -> bool:
+    """``--debug`` was given to the root command, or ``DRAFTWISE_DEBUG`` is set."""
+    if os.environ.get(DEBUG_ENV):
+        return True
+    options = ctx.find_object(Options) if ctx is not None else None
+    return options is not None and options.debug
 
 
 def _reporting(command: Callable[..., Any]) -> Callable[..., Any]:
     """A command whose ``DraftwiseError`` is printed as one line (``error: ...``) with the
-    error's exit code; anything else is a bug and keeps its traceback."""
+    error's exit code; anything else is a bug and keeps its traceback (as does every error
+    with ``--debug``)."""
+    signature = inspect.signature(command)
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
+        ctx = kwargs.pop(_CONTEXT, None)
         try:
             return command(*args, **kwargs)
         except DraftwiseError as exc:
-            if os.environ.get(DEBUG_ENV):
+            if _debugging(ctx):
                 raise
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
 
+    # typer hands the context to a parameter annotated typer.Context.
+    context = inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    run.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), context])
     return run
+
+
+def _root(
+    ctx: typer.Context,
+    debug: bool = typer.Option(False, "--debug", help=f"show the traceback of every error (as {DEBUG_ENV}=1 does)"),
+) -> None:
+    """Lossless speculative decoding: a cheap drafter proposes, the target verifies."""
+    ctx.obj = Options(debug=debug)
 
 
 def build_app() -> typer.Typer:
     app = typer.Typer(
         name="draftwise",
-        help="Lossless speculative decoding: a cheap drafter proposes, the target verifies.",
+        help=HELP,
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
     )
-
-    @app.callback()
-    def _root() -> None:
-        """Lossless speculative decoding: a cheap drafter proposes, the target verifies."""
-
+    app.callback()(_root)
     for module in (generate, models, serve, verifier, bench, dashboard):
         module.register(app)
     for info in app.registered_commands:
-        info.callback = _reporting(info.callback)
+        if info.callback is not None:
+            info.callback = _reporting(info.callback)
     return app
 
 

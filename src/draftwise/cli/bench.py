@@ -14,12 +14,14 @@ from typing import Any
 import typer
 
 from draftwise.bench.config import METHODS, BenchConfig
-from draftwise.cli.options import fail, field_option, one_line, with_cluster_options, with_model_options
+from draftwise.bench.dataset import SPEC_BENCH_SUBTASKS
+from draftwise.cli.options import field_option, with_cluster_options, with_model_options
 from draftwise.cluster.settings import BenchWorkers
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
+from draftwise.errors import built
 
-# A first look in a few minutes on a 2-core CPU: the 135M model, drafting for itself (the
-# 'model' method) and with n-grams, one prompt per subtask, 64 tokens.
+# A first look: the 135M model, drafting for itself (the 'model' method) and with n-grams,
+# one prompt per subtask, 64 tokens.
 QUICK = {"target": "smollm2-135m", "draft": "smollm2-135m", "limit": 1, "max_new_tokens": 64}
 
 
@@ -35,6 +37,11 @@ def _split(value: str | None) -> tuple[str, ...] | None:
     return tuple(x.strip() for x in value.split(",") if x.strip()) if value else None
 
 
+def _default(model: Any, name: str, given: Any, quick: bool) -> Any:
+    """A flag whose default depends on --quick: the value given, else the preset's, else the field's."""
+    return given or (QUICK.get(name) if quick else None) or model.model_fields[name].default
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     @with_model_options()
@@ -46,8 +53,8 @@ def register(app: typer.Typer) -> None:
         methods: str = typer.Option(",".join(BenchConfig.model_fields["methods"].default),
                                     help=f"comma-separated methods, of: {', '.join(METHODS)}; 'baseline' always runs"),
         data: str = field_option(BenchConfig, "data"),
-        subtasks: str | None = typer.Option(None, help="comma-separated subtasks (Spec-Bench: mt_bench, "
-                                            "translation, summarization, qa, math_reasoning, rag); default all"),
+        subtasks: str | None = typer.Option(None, help=f"comma-separated subtasks (Spec-Bench: "
+                                            f"{', '.join(SPEC_BENCH_SUBTASKS)}); default all"),
         limit: int | None = typer.Option(None, help=_with_defaults(BenchConfig, "limit")),
         max_new_tokens: int | None = typer.Option(None, help=_with_defaults(GenerationConfig, "max_new_tokens")),
         k_policy: str = field_option(DraftConfig, "k_policy"),
@@ -72,49 +79,39 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Benchmark draftwise (baseline, model drafter, n-gram) against transformers (assisted generation,
         prompt lookup, plain generate) on the same prompts in one process; an interrupted run resumes."""
-        from pydantic import ValidationError
+        generation = built(
+            GenerationConfig, max_new_tokens=_default(GenerationConfig, "max_new_tokens", max_new_tokens, quick),
+            sampling=built(SamplingConfig, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+            draft=built(DraftConfig, k_policy=k_policy, k=k, k_max=k_max, confidence_threshold=threshold,
+                        ngram_max=ngram_max),
+        )
+        config = built(
+            BenchConfig, target=_default(BenchConfig, "target", target, quick),
+            draft=_default(BenchConfig, "draft", draft, quick), methods=_split(methods) or (), data=data,
+            subtasks=_split(subtasks), limit=limit if limit is not None else (QUICK["limit"] if quick else None),
+            models=models, llama_cpp_bin=llama_cpp_bin, chat_template=chat, warmup=warmup, out=out, ray=ray,
+            generation=generation,
+        )
+        _run(config, progress)
 
-        preset = QUICK if quick else {}
-        try:
-            config = BenchConfig(
-                target=target or preset.get("target") or BenchConfig.model_fields["target"].default,
-                draft=draft or preset.get("draft") or BenchConfig.model_fields["draft"].default,
-                methods=_split(methods) or (),
-                data=data,
-                subtasks=_split(subtasks),
-                limit=limit if limit is not None else preset.get("limit"),
-                models=models,
-                llama_cpp_bin=llama_cpp_bin,
-                chat_template=chat,
-                warmup=warmup,
-                out=out,
-                ray=ray,
-                generation=GenerationConfig(
-                    max_new_tokens=max_new_tokens or preset.get("max_new_tokens") or
-                    GenerationConfig.model_fields["max_new_tokens"].default,
-                    sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-                    draft=DraftConfig(k_policy=k_policy, k=k, k_max=k_max, confidence_threshold=threshold,
-                                      ngram_max=ngram_max),
-                ),
-            )
-        except ValidationError as exc:
-            raise fail(one_line(exc)) from None
 
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _run(config: BenchConfig, progress: bool) -> None:
+    """Run the bench with a progress bar; an interrupted run keeps what it finished."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from draftwise.bench.runner import Bench, run_bench
+    from draftwise.bench.runner import Bench, run_bench
 
-        console = Console(stderr=True)
-        try:
-            pending = Bench(config).pending()
-            console.print(f"bench: {pending} runs to do ({config.target} / {config.draft}, "
-                          f"{config.generation.max_new_tokens} tokens) -> {config.out}")
-            bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           TextColumn("[cyan]{task.fields[speedup]}"), console=console, disable=not progress)
-            with bar:
-                report = run_bench(config, command=shlex.join(["draftwise", *sys.argv[1:]]), progress=bar)
-        except KeyboardInterrupt:
-            console.print(f"interrupted: finished results are kept in {config.out}; run the same command to resume")
-            raise typer.Exit(130) from None
-        console.print(f"report: {report}")
+    console = Console(stderr=True)
+    try:
+        pending = Bench(config).pending()
+        console.print(f"bench: {pending} runs to do ({config.target} / {config.draft}, "
+                      f"{config.generation.max_new_tokens} tokens) -> {config.out}")
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       TextColumn("[cyan]{task.fields[speedup]}"), console=console, disable=not progress)
+        with bar:
+            report = run_bench(config, command=shlex.join(["draftwise", *sys.argv[1:]]), progress=bar)
+    except KeyboardInterrupt:
+        console.print(f"interrupted: finished results are kept in {config.out}; run the same command to resume")
+        raise typer.Exit(130) from None
+    console.print(f"report: {report}")

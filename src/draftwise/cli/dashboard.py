@@ -21,13 +21,16 @@ import typer
 
 from draftwise.cli.options import with_model_options
 from draftwise.config import ModelOptions
+from draftwise.errors import ConfigError, DraftwiseError
 
 HEALTH_POLL_S = 0.5
+PAGE = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
+class LocalServerError(DraftwiseError):
+    """The local API server the dashboard started stopped, or did not answer in time."""
+
+    exit_code = 1  # the models may be missing, but so may be memory or a port: not necessarily the user's input
 
 
 def _free_port(host: str) -> int:
@@ -71,16 +74,87 @@ def _wait_healthy(process: subprocess.Popen[Any], url: str, log: Path, timeout: 
     with Console(stderr=True).status(f"starting the API server ({what}) ..."):
         while True:
             if process.poll() is not None:
-                _fail(f"the local API server stopped: {_last_line(log)}\n(pull the models with `draftwise pull "
-                      "default`, or try the dashboard on tiny random models: --target tiny:0 --draft tiny:1)")
+                raise LocalServerError(f"the local API server stopped: {_last_line(log)} (pull the models with "
+                                       "`draftwise pull default`, or try the dashboard on tiny random models: "
+                                       "--target tiny:0 --draft tiny:1)")
             try:
                 if httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass  # not listening yet: the models are still loading
             if time.monotonic() > deadline:
-                _fail(f"the local API server did not answer within {timeout:g} s (last output: {_last_line(log)})")
+                raise LocalServerError(f"the local API server did not answer within {timeout:g} s (last output: "
+                                       f"{_last_line(log)})")
             time.sleep(HEALTH_POLL_S)
+
+
+def _local_flags(target: str | None, draft: str | None, drafter: str | None,
+                 models_given: dict[str, Any] | None) -> dict[str, Any]:
+    """The flags handed on to the local `draftwise serve`, as given."""
+    local = {name: value for name, value in (("target", target), ("draft", draft), ("drafter", drafter))
+             if value is not None}
+    local.update({name.replace("_", "-"): value for name, value in (models_given or {}).items()})
+    return local
+
+
+def _check(api_url: str | None, local: dict[str, Any]) -> None:
+    """Refuse what cannot work before anything starts."""
+    import importlib.util
+
+    if importlib.util.find_spec("streamlit") is None:
+        raise DraftwiseError("the dashboard needs streamlit: pip install 'draftwise[dashboard]'")
+    if api_url is not None and local:
+        raise ConfigError(f"{', '.join('--' + name for name in local)} configure the local API server; with "
+                          "--api-url the server is already running")
+
+
+def _page(api_url: str, host: str, port: int, bench: Path | None) -> None:
+    """Run the Streamlit page against ``api_url`` until it stops."""
+    from draftwise.dashboard.client import API_URL_ENV
+    from draftwise.dashboard.page import BENCH_DIR_ENV
+
+    env = {**os.environ, API_URL_ENV: api_url}
+    if bench is not None:
+        env[BENCH_DIR_ENV] = str(bench.resolve())
+    typer.echo(f"dashboard: http://{host}:{port}  (API: {api_url}; Ctrl-C stops)", err=True)
+    subprocess.run(
+        [sys.executable, "-m", "streamlit", "run", str(PAGE), "--server.address", host,
+         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none", "--client.toolbarMode", "minimal"],
+        env=env, check=False,
+    )
+
+
+def _warn_if_unhealthy(api_url: str) -> None:
+    from draftwise.dashboard.client import ApiClient, DashboardApiError
+
+    try:
+        ApiClient(api_url).health()
+    except DashboardApiError as exc:
+        typer.echo(f"warning: {exc}", err=True)
+
+
+def _run(api_url: str | None, local: dict[str, Any], host: str, port: int, bench: Path | None,
+         startup_timeout: float) -> None:
+    """Start the local API server unless ``api_url`` is given, then the page; stop both at the end."""
+    # A plain `kill` must still stop the children: turn SIGTERM into a normal exit.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    server = None
+    with tempfile.TemporaryDirectory(prefix="draftwise-dashboard-") as tmp:
+        try:
+            if api_url is None:
+                args = [f"--{name}={value}" for name, value in local.items()]
+                log = Path(tmp) / "serve.log"
+                server, api_url = _spawn_server(args, host, log)
+                _wait_healthy(server, api_url, log, startup_timeout, " ".join(args) or "default models")
+            else:
+                _warn_if_unhealthy(api_url)
+            _page(api_url, host, port, bench)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            _stop(server)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def register(app: typer.Typer) -> None:
@@ -92,7 +166,8 @@ def register(app: typer.Typer) -> None:
         target: str | None = typer.Option(
             None, help="target model of the local API server; default: `draftwise serve`'s (the default pair)"),
         draft: str | None = typer.Option(None, help="draft model of the local API server"),
-        drafter: str | None = typer.Option(None, help="default drafter of the local API server: model, ngram, hybrid or off"),
+        drafter: str | None = typer.Option(
+            None, help="default drafter of the local API server: model, ngram, hybrid or off"),
         host: str = typer.Option("127.0.0.1", help="address of the dashboard page (and of the local API server)"),
         port: int = typer.Option(8501, help="port of the dashboard page"),
         bench: Path | None = typer.Option(None, help="`draftwise bench` output folder to open in the report view"),
@@ -103,49 +178,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Live dashboard: watch the drafter and the target token by token, compare with the plain target,
         browse bench reports (Streamlit; opens at http://HOST:PORT)."""
-        import importlib.util
-
-        from draftwise.dashboard.client import API_URL_ENV, ApiClient, ApiError
-        from draftwise.dashboard.page import BENCH_DIR_ENV
-
-        if importlib.util.find_spec("streamlit") is None:
-            _fail("the dashboard needs streamlit: pip install 'draftwise[dashboard]'")
-        # The flags handed on to the local `draftwise serve`, as given.
-        local = {name: value for name, value in (("target", target), ("draft", draft), ("drafter", drafter))
-                 if value is not None}
-        local.update({name.replace("_", "-"): value for name, value in (models_given or {}).items()})
-        if api_url is not None and local:
-            _fail(f"{', '.join('--' + name for name in local)} configure the local API server; with --api-url "
-                  "the server is already running")
-
-        # A plain `kill` must still stop the children: turn SIGTERM into a normal exit.
-        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        server = None
-        with tempfile.TemporaryDirectory(prefix="draftwise-dashboard-") as tmp:
-            try:
-                if api_url is None:
-                    args = [f"--{name}={value}" for name, value in local.items()]
-                    log = Path(tmp) / "serve.log"
-                    server, api_url = _spawn_server(args, host, log)
-                    _wait_healthy(server, api_url, log, startup_timeout, " ".join(args) or "default models")
-                else:
-                    try:
-                        ApiClient(api_url).health()
-                    except ApiError as exc:
-                        typer.echo(f"warning: {exc}", err=True)
-                env = {**os.environ, API_URL_ENV: api_url}
-                if bench is not None:
-                    env[BENCH_DIR_ENV] = str(bench.resolve())
-                page = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
-                typer.echo(f"dashboard: http://{host}:{port}  (API: {api_url}; Ctrl-C stops)", err=True)
-                subprocess.run(
-                    [sys.executable, "-m", "streamlit", "run", str(page), "--server.address", host,
-                     "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                     "--server.fileWatcherType", "none", "--client.toolbarMode", "minimal"],
-                    env=env, check=False,
-                )
-            except KeyboardInterrupt:
-                pass
-            finally:
-                _stop(server)
-                signal.signal(signal.SIGTERM, previous)
+        local = _local_flags(target, draft, drafter, models_given)
+        _check(api_url, local)
+        _run(api_url, local, host, port, bench, startup_timeout)

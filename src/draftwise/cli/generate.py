@@ -15,12 +15,13 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, get_args
+from typing import Any, Optional
 
 import typer
 
-from draftwise.cli.options import config_parameters, fail, with_model_options
-from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, ModelOptions
+from draftwise.cli.options import config_parameters, with_model_options
+from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, ModelOptions
+from draftwise.errors import ConfigError, TargetError
 
 STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
 LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
@@ -28,16 +29,16 @@ LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]b
 
 def _read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
-        raise fail("give the prompt as an argument or with --file, not both")
+        raise ConfigError("give the prompt as an argument or with --file, not both")
     if file is not None:
         try:
             return file.read_text()
         except OSError as exc:
-            raise fail(f"cannot read prompt file {file}: {exc.strerror}") from None
+            raise ConfigError(f"cannot read prompt file {file}: {exc.strerror}") from None
     if prompt == "-":
         return sys.stdin.read()
     if prompt is None:
-        raise fail("no prompt: give it as an argument, with --file PATH, or '-' to read stdin")
+        raise ConfigError("no prompt: give it as an argument, with --file PATH, or '-' to read stdin")
     return prompt
 
 
@@ -111,8 +112,9 @@ def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tupl
     """(draft model source, drafter kind): explicit flags win, else the registry's advice."""
     from draftwise.registry import REGISTRY
 
-    if drafter is not None and drafter not in get_args(DrafterKind):
-        raise fail(f"--drafter must be 'model', 'ngram' or 'hybrid', got {drafter!r}")
+    if drafter is not None and drafter not in DRAFTER_KINDS:
+        kinds = ", ".join(f"'{kind}'" for kind in DRAFTER_KINDS[:-1]) + f" or '{DRAFTER_KINDS[-1]}'"
+        raise ConfigError(f"--drafter must be {kinds}, got {drafter!r}")
     if drafter == "ngram":
         return None, "ngram"
     if draft is not None:
@@ -121,7 +123,7 @@ def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tupl
     recommended = entry.draft if entry is not None else None
     if drafter in NEEDS_DRAFT_MODEL:
         if recommended in (None, "ngram"):
-            raise fail(f"--drafter {drafter} needs --draft: no draft model is known for {target!r}")
+            raise ConfigError(f"--drafter {drafter} needs --draft: no draft model is known for {target!r}")
         return recommended, drafter
     return (recommended, "hybrid") if recommended not in (None, "ngram") else (None, "ngram")
 
@@ -226,7 +228,7 @@ def _run(prompt: str | None, file: Path | None, target: str | None, draft: str |
     target = target or DEFAULT_TARGET
     draft, drafter = _choose_drafter(target, draft, drafter)
     if verifier is not None and (drafter not in NEEDS_DRAFT_MODEL or compare):
-        raise fail("--verifier needs a draft model (--draft) and cannot --compare (the target is remote)")
+        raise ConfigError("--verifier needs a draft model (--draft) and cannot --compare (the target is remote)")
 
     err, out = Console(stderr=True), Console(highlight=False)
     loaded = _load(target, draft, drafter, verifier, models, err)
@@ -242,8 +244,8 @@ def _run(prompt: str | None, file: Path | None, target: str | None, draft: str |
     run = {"target": target, "draft": draft, "drafter": drafter, "backend": backend.backend, "dtype": backend.dtype}
     _report(result, baseline, config, label, run, as_json, out)
     if result.metrics.finish_reason == "error":  # the verifier refused or went away mid-run
-        raise fail(f"generation stopped early, after {result.metrics.new_tokens} tokens (shown above): "
-                   f"{result.events[-1].extra['detail']}", 1)
+        raise TargetError(f"generation stopped early, after {result.metrics.new_tokens} tokens (shown above): "
+                          f"{result.events[-1].extra['detail']}")
 
 
 def _speedup(result: Any, baseline: Any) -> float:

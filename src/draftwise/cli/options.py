@@ -4,7 +4,8 @@ of truth: every scalar field of ``GenerationConfig``, ``SamplingConfig``, ``Draf
 field's own. A new config field therefore shows up on the command line without touching the CLI.
 
 Flags default to ``None`` (not given), and only given values reach pydantic, so defaults
-live in one place; pydantic's validation errors become one line naming the flag.
+live in one place; pydantic's validation errors become one line naming the flag
+(``draftwise.errors.built``).
 """
 
 from __future__ import annotations
@@ -17,25 +18,18 @@ from collections.abc import Callable, Iterable
 from typing import Any, List, Literal, Optional
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
-from draftwise.errors import DraftwiseError
+from draftwise.errors import ConfigError, built, flag
 
 # Section name -> config class; "" is GenerationConfig's own scalar fields.
 SECTIONS: dict[str, type[BaseModel]] = {"": GenerationConfig, "sampling": SamplingConfig, "draft": DraftConfig}
 # Fields a user does not set by hand on the command line (the models supply EOS ids).
 SKIPPED = {"eos_token_ids"}
 
-
-class ConfigError(DraftwiseError, ValueError):
-    """A flag value the config rejects; the message is one line."""
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print ``error: message`` on stderr; return the ``typer.Exit`` to raise."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
+__all__ = ["ConfigError", "cluster_settings", "config_from_values", "config_parameters", "field_option", "flag",
+           "given_model_options", "note", "warn_if_exposed", "with_cluster_options", "with_model_options"]
 
 
 def field_option(model: type[BaseModel], name: str, *flags: str, help: str | None = None, **kwargs: Any) -> Any:
@@ -46,15 +40,16 @@ def field_option(model: type[BaseModel], name: str, *flags: str, help: str | Non
     return typer.Option(default, *flags, help=help or field.description or "", **kwargs)
 
 
+def note(text: str) -> None:
+    """A line for the user on stderr (progress, where a server listens), apart from the output."""
+    typer.echo(text, err=True)
+
+
 def warn_if_exposed(host: str, api_key: object | None) -> None:
     """Warn on stderr when a server binds beyond loopback without a key: anyone who can reach
     it can use it (both servers bind 127.0.0.1 unless told otherwise)."""
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _scalar_fields(cls: type[BaseModel], skip: Iterable[str] = ()) -> list[tuple[str, Any]]:
@@ -99,16 +94,6 @@ def config_parameters() -> list[inspect.Parameter]:
     return [_parameter(name, field) for _section, name, field in _fields()]
 
 
-def one_line(exc: ValidationError, prefix: str = "") -> str:
-    """pydantic's first complaint as ``--flag: problem (got value)``."""
-    error = exc.errors()[0]
-    parts = [str(p) for p in error["loc"] if not str(p).startswith("function-")]
-    where = ", ".join(flag(p) for p in parts)
-    message = str(error["msg"]).removeprefix("Value error, ")
-    got = f" (got {error['input']!r})" if parts and "input" in error else ""
-    return f"{prefix}{where}: {message}{got}" if where else f"{prefix}{message}"
-
-
 def config_from_values(values: dict[str, Any]) -> GenerationConfig:
     """Build the config from the flags given (``None`` = not given); one-line errors."""
     given: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
@@ -116,12 +101,9 @@ def config_from_values(values: dict[str, Any]) -> GenerationConfig:
         value = values.get(name)
         if value is not None:
             given[section][name] = tuple(value) if isinstance(value, list) else value
-    try:
-        sampling = SamplingConfig(**given["sampling"])
-        draft = DraftConfig(**given["draft"])
-        return GenerationConfig(**given[""], sampling=sampling, draft=draft)
-    except ValidationError as exc:
-        raise ConfigError(one_line(exc)) from None
+    sampling = built(SamplingConfig, **given["sampling"])
+    draft = built(DraftConfig, **given["draft"])
+    return built(GenerationConfig, **given[""], sampling=sampling, draft=draft)
 
 
 def given_model_options(values: dict[str, Any], skip: Iterable[str] = ()) -> dict[str, Any]:
@@ -142,11 +124,7 @@ def with_model_options(skip: Iterable[str] = ()) -> Callable[[Callable[..., Any]
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
             given = given_model_options({n: kwargs.pop(n) for n in names}, skipped)
-            try:
-                models = ModelOptions(**given)
-            except ValidationError as exc:
-                raise fail(one_line(exc)) from None
-            return command(**kwargs, models=models, models_given=given)
+            return command(**kwargs, models=built(ModelOptions, **given), models_given=given)
 
         kept = [p for p in signature.parameters.values() if p.name not in ("models", "models_given")]
         extra = [_parameter(name, field) for name, field in _scalar_fields(ModelOptions, skipped)]
@@ -162,12 +140,9 @@ def cluster_settings(model: type[BaseModel], enabled: bool, values: dict[str, An
     given = {name: value for name, value in values.items() if value is not None}
     if not enabled:
         if given:
-            raise fail(f"{', '.join(flag(name) for name in given)} only applies with --ray")
+            raise ConfigError(f"{', '.join(flag(name) for name in given)} only applies with --ray")
         return None
-    try:
-        return model(**given)
-    except ValidationError as exc:
-        raise fail(one_line(exc)) from None
+    return built(model, **given)
 
 
 def with_cluster_options(model: type[BaseModel], switch_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

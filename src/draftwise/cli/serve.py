@@ -9,10 +9,10 @@ from __future__ import annotations
 import typer
 
 from draftwise.api.settings import API_KEY_ENV, ServerSettings
-from draftwise.cli.options import fail, field_option, one_line, warn_if_exposed, with_cluster_options, with_model_options
+from draftwise.cli.options import field_option, note, warn_if_exposed, with_cluster_options, with_model_options
 from draftwise.cluster.settings import ServeScale
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
-from draftwise.errors import DraftwiseError
+from draftwise.errors import built
 from draftwise.registry import DEFAULT_TARGET
 
 
@@ -56,30 +56,21 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
         plus /metrics (Prometheus), /health and /docs; with --ray, as replicas on Ray Serve."""
-        from pydantic import ValidationError
-
         if draft is None and drafter is None:
             draft, drafter = _recommended(target)
-        try:
-            settings = ServerSettings(
-                target=target, draft=draft, drafter=drafter, host=host, port=port, workers=workers,
-                queue_size=queue_size, request_timeout=request_timeout, max_context=max_context, model_name=model_name,
-                models=models, api_key=api_key, max_body_bytes=max_body_bytes, ray=ray,
-                generation=GenerationConfig(max_new_tokens=max_tokens, draft=DraftConfig(k_policy=k_policy, k=k)),
-            )
-        except ValidationError as exc:
-            raise fail(one_line(exc)) from None
+        generation = built(GenerationConfig, max_new_tokens=max_tokens, draft=built(DraftConfig, k_policy=k_policy, k=k))
+        settings = built(
+            ServerSettings, target=target, draft=draft, drafter=drafter, host=host, port=port, workers=workers,
+            queue_size=queue_size, request_timeout=request_timeout, max_context=max_context, model_name=model_name,
+            models=models, api_key=api_key, max_body_bytes=max_body_bytes, ray=ray, generation=generation,
+        )
         warn_if_exposed(settings.host, settings.api_key)
         if settings.ray is not None:
             from draftwise.cluster.serve_app import serve_on_ray
 
-            serve_on_ray(settings, log=_note)
+            serve_on_ray(settings, log=note)
         else:
             _serve_here(settings)
-
-
-def _note(text: str) -> None:
-    typer.echo(text, err=True)
 
 
 def _serve_here(settings: ServerSettings) -> None:
@@ -88,11 +79,8 @@ def _serve_here(settings: ServerSettings) -> None:
 
     from draftwise.api.app import create_app
 
-    _note(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...")
-    try:
-        server = create_app(settings, log=_note)
-    except DraftwiseError as exc:
-        raise fail(str(exc), exc.exit_code) from None
-    _note(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
+    note(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...")
+    server = create_app(settings, log=note)
+    note(f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
           f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)")
     uvicorn.run(server, host=settings.host, port=settings.port, log_level="info")

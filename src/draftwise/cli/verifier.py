@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import typer
 
-from draftwise.cli.options import fail, field_option, one_line, warn_if_exposed, with_cluster_options, with_model_options
+from draftwise.cli.options import field_option, note, warn_if_exposed, with_cluster_options, with_model_options
 from draftwise.cluster.settings import ServeScale
 from draftwise.config import ModelOptions
-from draftwise.errors import DraftwiseError
+from draftwise.errors import built
 from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
 
 
@@ -36,38 +36,32 @@ def register(app: typer.Typer) -> None:
         ray: ServeScale | None = None,
     ) -> None:
         """Serve a target model as a remote verifier: drafters elsewhere send one request per block."""
-        from pydantic import ValidationError
-
-        values = dict(
-            target=target, models=models, host=host, port=port, api_key=api_key,
+        settings = built(
+            VerifierSettings, target=target, models=models, host=host, port=port, api_key=api_key,
             max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, max_context=max_context,
             max_block=max_block, max_q_entries=max_q_entries, max_body_bytes=max_body_bytes, ray=ray,
         )
-        try:
-            settings = VerifierSettings(**values)
-        except ValidationError as exc:
-            raise fail(one_line(exc)) from None
         if settings.ray is not None:
             from draftwise.cluster.verifier import serve_verifier_on_ray
 
             warn_if_exposed(settings.host, settings.api_key)
-            serve_verifier_on_ray(settings, log=lambda note: typer.echo(note, err=True))
-            return
+            serve_verifier_on_ray(settings, log=note)
+        else:
+            _serve_here(settings)
 
-        import uvicorn
 
-        from draftwise.remote.server import create_app
+def _serve_here(settings: VerifierSettings) -> None:
+    """This process, on uvicorn."""
+    import uvicorn
 
-        try:
-            verifier = create_app(settings, log=lambda note: typer.echo(note, err=True))
-        except DraftwiseError as exc:
-            raise fail(str(exc), exc.exit_code) from None
-        warn_if_exposed(settings.host, settings.api_key)
-        typer.echo(f"draftwise verifier: {target} on http://{settings.host}:{settings.port} (API docs at /docs)",
-                   err=True)
-        # uvicorn stops cleanly on Ctrl-C / SIGTERM (the lifespan closes every session) and
-        # reports a port it cannot bind in one line.
-        uvicorn.run(
-            verifier, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5,
-            server_header=False, date_header=False,  # fewer bytes on every round trip
-        )
+    from draftwise.remote.server import create_app
+
+    verifier = create_app(settings, log=note)
+    warn_if_exposed(settings.host, settings.api_key)
+    note(f"draftwise verifier: {settings.target} on http://{settings.host}:{settings.port} (API docs at /docs)")
+    # uvicorn stops cleanly on Ctrl-C / SIGTERM (the lifespan closes every session) and
+    # reports a port it cannot bind in one line.
+    uvicorn.run(
+        verifier, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5,
+        server_header=False, date_header=False,  # fewer bytes on every round trip
+    )

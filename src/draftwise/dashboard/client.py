@@ -1,7 +1,7 @@
 """The dashboard's side of the HTTP API: request bodies from settings, and the SSE stream.
 
 Every failure a user can cause or meet (server not running, model or drafter missing, a
-setting out of range) becomes an ``ApiError`` whose message is one readable line; the page
+setting out of range) becomes a ``DashboardApiError`` whose message is one readable line; the page
 shows it instead of a stack trace.
 """
 
@@ -16,28 +16,26 @@ import httpx
 from pydantic import ValidationError
 
 from draftwise.config import DraftConfig
+from draftwise.errors import DraftwiseError, validation_message
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 API_URL_ENV = "DRAFTWISE_API_URL"
 
 
-class ApiError(Exception):
-    """Something the user should read: the server is unreachable, or refused or failed a request."""
+class DashboardApiError(DraftwiseError):
+    """Something the dashboard's user should read: the server is unreachable, or refused or failed
+    a request, or a setting on the page cannot work. (Not the server's own ``api.errors.APIError``:
+    this is the client's side.)"""
+
+    exit_code = 1  # the server may be down or busy: not necessarily the user's mistake
+    status = 502
 
 
-def unreachable(url: str, reason: str) -> ApiError:
-    return ApiError(
+def unreachable(url: str, reason: str) -> DashboardApiError:
+    return DashboardApiError(
         f"cannot reach the draftwise API at {url} ({reason}). Start one with `draftwise serve`, or run "
         "`draftwise dashboard` without --api-url to have it started for you."
     )
-
-
-def one_line(exc: ValidationError) -> str:
-    """pydantic's first complaint as 'field: problem'."""
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    message = str(first["msg"]).removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
 
 
 @dataclass(frozen=True)
@@ -58,11 +56,11 @@ class RunRequest:
         """Validate the drafting knobs with ``DraftConfig`` itself, so the page rejects what the
         server would, with the same rule and a one-line message."""
         if not prompt.strip():
-            raise ApiError("the prompt is empty: type something to generate from")
+            raise DashboardApiError("the prompt is empty: type something to generate from")
         try:
             draft = DraftConfig(k_policy=k_policy, k=k, k_max=k_max, confidence_threshold=confidence_threshold)
         except ValidationError as exc:
-            raise ApiError(f"invalid drafting settings: {one_line(exc)}") from None
+            raise DashboardApiError(validation_message(exc, "invalid drafting settings: ")) from None
         return cls(prompt=prompt, chat=chat, drafter=drafter, draft=draft, temperature=temperature, seed=seed,
                    max_tokens=max_tokens)
 
@@ -115,19 +113,19 @@ class ApiClient:
     def health(self) -> dict[str, Any]:
         """The server's /health: served model, draft model, default drafter, load."""
         if not self.base_url.startswith(("http://", "https://")):
-            raise ApiError(f"the API URL {self.base_url!r} must start with http:// or https://")
+            raise DashboardApiError(f"the API URL {self.base_url!r} must start with http:// or https://")
         try:
             with self._http(10.0) as http:
                 response = http.get("/health")
         except httpx.HTTPError as exc:
             raise unreachable(self.base_url, type(exc).__name__) from None
         if response.status_code != 200:
-            raise ApiError(f"{self.base_url} answered /health with HTTP {response.status_code}: is it a draftwise "
+            raise DashboardApiError(f"{self.base_url} answered /health with HTTP {response.status_code}: is it a draftwise "
                            "server?")
         try:
             return dict(response.json())
         except ValueError:
-            raise ApiError(f"{self.base_url}/health did not answer JSON: is it a draftwise server?") from None
+            raise DashboardApiError(f"{self.base_url}/health did not answer JSON: is it a draftwise server?") from None
 
     def stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST a streaming request and yield each SSE chunk as a dict, until ``[DONE]``."""
@@ -136,7 +134,7 @@ class ApiClient:
             with self._http(self.timeout) as http, http.stream("POST", path, json=body) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise ApiError(_refusal(response))
+                    raise DashboardApiError(_refusal(response))
                 for line in response.iter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -145,10 +143,10 @@ class ApiClient:
                         return
                     chunk = json.loads(data)
                     if "error" in chunk:  # a failure after the stream began comes as an error chunk
-                        raise ApiError(f"the generation failed on the server: {chunk['error'].get('message')}")
+                        raise DashboardApiError(f"the generation failed on the server: {chunk['error'].get('message')}")
                     yield chunk
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise unreachable(self.base_url, type(exc).__name__) from None
         except httpx.HTTPError as exc:
-            raise ApiError(f"the connection to {self.base_url} broke during generation ({type(exc).__name__}: "
+            raise DashboardApiError(f"the connection to {self.base_url} broke during generation ({type(exc).__name__}: "
                            f"{exc})") from None

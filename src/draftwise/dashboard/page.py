@@ -10,22 +10,22 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import streamlit as st
 
 from draftwise.api.settings import API_KEY_ENV
-from draftwise.config import NEEDS_DRAFT_MODEL, DraftConfig, GenerationConfig
+from draftwise.config import DRAFTER_NAMES, NEEDS_DRAFT_MODEL, DraftConfig, GenerationConfig, KPolicyName
 from draftwise.dashboard import charts
-from draftwise.dashboard.client import API_URL_ENV, DEFAULT_API_URL, ApiClient, ApiError, RunRequest
+from draftwise.dashboard.client import API_URL_ENV, DEFAULT_API_URL, ApiClient, DashboardApiError, RunRequest
 from draftwise.dashboard.live import ACCEPTED, BONUS, CORRECTED, LiveRun, compare
 from draftwise.dashboard.render import LINE_COLOURS, legend_html, tokens_html
 from draftwise.dashboard.report import ReportError, load_bench, method_table, record_table
 
 BENCH_DIR_ENV = "DRAFTWISE_BENCH_DIR"
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
-DRAFTERS = ("model", "ngram", "hybrid", "off")
-K_POLICIES = ("fixed", "heuristic", "cost")
+DRAFTERS = DRAFTER_NAMES
+K_POLICIES: tuple[str, ...] = get_args(KPolicyName)
 CHART_EVERY_S = 0.5  # redraw charts at most this often while tokens stream in (tokens redraw every step)
 DEFAULT_MAX_TOKENS = 96  # short enough to watch a plain-target twin finish too on a small CPU
 
@@ -96,7 +96,7 @@ def _stream_into(client: ApiClient, body: dict[str, Any], run: LiveRun, slots: S
             if chart_slot is not None and time.perf_counter() - last_chart > CHART_EVERY_S:
                 _draw_charts(chart_slot, run)
                 last_chart = time.perf_counter()
-    except ApiError as exc:
+    except DashboardApiError as exc:
         run.error = str(exc)
     _draw_run(slots, run, "no tokens")
     if chart_slot is not None:
@@ -156,7 +156,7 @@ def live_view() -> None:
     client = ApiClient(api_url, api_key=os.environ.get(API_KEY_ENV))
     try:
         health: dict[str, Any] | None = client.health()
-    except ApiError as exc:
+    except DashboardApiError as exc:
         health = None
         st.error(str(exc))
     if health is not None:
@@ -178,7 +178,7 @@ def live_view() -> None:
     if go and health is not None:
         try:
             request = RunRequest.build(prompt=prompt, **{k: v for k, v in options.items() if k != "side_by_side"})
-        except ApiError as exc:
+        except DashboardApiError as exc:
             st.error(str(exc))
             return
         model = str(health["model"])

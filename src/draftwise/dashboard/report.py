@@ -15,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from draftwise.errors import DraftwiseError
+
 RESULTS, SUMMARY, REPORT = "results.jsonl", "summary.json", "report.md"
 OVERALL = "overall"
 REFERENCE = "baseline"
@@ -35,7 +37,7 @@ METHOD_COLUMNS = {
 }
 
 
-class ReportError(ValueError):
+class ReportError(DraftwiseError, ValueError):
     """The path is not a bench output; the message says what was expected."""
 
 

@@ -46,13 +46,13 @@ ROUTING_RETRY_S = 0.05
 class RemoteVerifierError(TargetError, RuntimeError):
     """The verifier cannot be used (unreachable, refused, incompatible); the message says why.
 
-    ``status`` is the HTTP status of a refusal, ``None`` when there was no answer. Mid-run, the
-    engine ends the generation with what it has (finish reason "error").
+    ``reply_status`` is the HTTP status of the verifier's refusal, ``None`` when there was no
+    answer. Mid-run, the engine ends the generation with what it has (finish reason "error").
     """
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, reply_status: int | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.reply_status = reply_status
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -100,7 +100,7 @@ class RemoteTarget:
             except ValueError:
                 detail = response.text
             raise RemoteVerifierError(
-                f"verifier at {self.url} answered {response.status_code}: {detail}", status=response.status_code
+                f"verifier at {self.url} answered {response.status_code}: {detail}", reply_status=response.status_code
             )
         return response
 
@@ -163,7 +163,7 @@ class RemoteTarget:
             try:
                 return self._call(method, path, headers=headers, **kwargs)
             except RemoteVerifierError as exc:
-                if exc.status != 404 or not self.info.routing_header:
+                if exc.reply_status != 404 or not self.info.routing_header:
                     raise
                 missed_at = missed_at or time.monotonic()
                 if time.monotonic() - missed_at >= ROUTING_PATIENCE_S:
@@ -191,7 +191,7 @@ class RemoteTarget:
         try:
             return (*self._post_verify(context, tokens, q_ids, q_probs), 0)
         except RemoteVerifierError as exc:
-            if exc.status != 404:
+            if exc.reply_status != 404:
                 raise
         self._session = None  # gone: nothing to close
         self._open(OpenSession(prompt=list(context), sampling=self._sampling.model_copy(update={"seed": None})))

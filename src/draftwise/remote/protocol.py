@@ -35,6 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from draftwise.config import SamplingConfig
+from draftwise.errors import DraftwiseError
 
 PROTOCOL_VERSION = 1
 
@@ -44,8 +45,11 @@ _INT = np.dtype("<i4")
 _FLOAT = np.dtype("<f4")
 
 
-class ProtocolError(ValueError):
-    """A verify body that does not follow the wire format; the message says how."""
+class ProtocolError(DraftwiseError, ValueError):
+    """A verify body (or answer) that does not follow the wire format; the message says how."""
+
+    exit_code = 1  # on the client's side: the server answered something else than the protocol
+    status = 422
 
 
 @dataclass(frozen=True)
