@@ -89,16 +89,38 @@ async def run_level(url: str, args: argparse.Namespace, clients: int, advance: A
 
 
 @contextlib.contextmanager
+def serve_in_background(app: Any) -> Iterator[str]:
+    """``app`` on uvicorn in a thread, on a free loopback port; yields its URL."""
+    import threading
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@contextlib.contextmanager
 def server(args: argparse.Namespace) -> Iterator[str]:
     if args.url:
         yield args.url.rstrip("/")
         return
     from draftwise.api.app import create_app
     from draftwise.api.settings import ServerSettings
-    from draftwise.remote.server import serve_in_background
+    from draftwise.config import ModelOptions
 
     settings = ServerSettings(target=args.target, draft=args.draft, drafter=args.drafter, workers=args.workers,
-                              queue_size=max(args.concurrency), threads=args.threads, request_timeout=3600)
+                              queue_size=max(args.concurrency), models=ModelOptions(threads=args.threads),
+                              request_timeout=3600)
     args.model = settings.served_model
     app = create_app(settings, log=lambda note: print(note, file=sys.stderr))
     with serve_in_background(app) as url:

@@ -13,7 +13,7 @@ from draftwise.bench.config import BenchConfig
 from draftwise.bench.runner import run_bench
 from draftwise.config import GenerationConfig
 from draftwise.lm import LanguageModel
-from draftwise.remote.server import serve_in_background
+from server_support import serve_in_background
 
 MODEL = "tiny:0"
 # Fixed k and no confidence stop: every step drafts, so acceptances and corrections both occur.

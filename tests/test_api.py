@@ -21,7 +21,7 @@ from draftwise.api.app import create_app  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.config import GenerationConfig  # noqa: E402
 from draftwise.engine import autoregressive  # noqa: E402
-from draftwise.remote.server import serve_in_background  # noqa: E402
+from server_support import serve_in_background  # noqa: E402
 
 MODEL = "tiny:0"
 PROMPT = "Once upon a time"

@@ -13,7 +13,7 @@ httpx = pytest.importorskip("httpx")
 
 from draftwise.api.app import create_app  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
-from draftwise.remote.server import serve_in_background  # noqa: E402
+from server_support import serve_in_background  # noqa: E402
 
 MODEL = "tiny:0"
 OK = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
@@ -172,10 +172,10 @@ def test_oversize_or_chunked_bodies_are_refused_before_they_are_read(guarded_url
 
 
 def test_dashboard_client_sends_the_api_key(guarded_url):
-    from draftwise.dashboard.client import ApiClient, ApiError
+    from draftwise.dashboard.client import ApiClient, DashboardApiError
 
     body = {**OK, "stream": True}
-    with pytest.raises(ApiError, match="API key"):
+    with pytest.raises(DashboardApiError, match="API key"):
         list(ApiClient(guarded_url).stream(body))
     chunks = list(ApiClient(guarded_url, api_key="s3cret").stream(body))
     assert chunks and all(c["object"] == "text_completion" for c in chunks)

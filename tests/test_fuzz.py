@@ -37,7 +37,7 @@ from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer  # noqa: E402
 from draftwise.remote.protocol import decode_verify_response, encode_verify_request  # noqa: E402
 from draftwise.remote.server import create_app as create_verifier  # noqa: E402
-from draftwise.remote.server import serve_in_background  # noqa: E402
+from server_support import serve_in_background  # noqa: E402
 from draftwise.remote.settings import VerifierSettings  # noqa: E402
 
 pytestmark = pytest.mark.fuzz

@@ -32,7 +32,7 @@ from draftwise.config import DraftConfig, GenerationConfig
 from draftwise.drafters import ModelDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.remote.client import connect
-from draftwise.remote.server import serve_in_background
+from server_support import serve_in_background
 from draftwise.remote.settings import VerifierSettings
 from ray_support import LocalRay, inet_sockets, is_loopback, needs_ray
 

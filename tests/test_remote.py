@@ -20,7 +20,8 @@ from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal
 from draftwise.engine import SpeculativeEngine
 from draftwise.remote.client import RemoteTarget, RemoteVerifierError, connect
 from draftwise.remote.protocol import decode_verify_response, encode_verify_request, tokenizer_fingerprint
-from draftwise.remote.server import create_app, serve_in_background
+from draftwise.remote.server import create_app
+from server_support import serve_in_background
 from draftwise.remote.settings import VerifierSettings
 from draftwise.target import LocalTarget
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer

@@ -14,8 +14,8 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from draftwise.config import GenerationConfig, SamplingConfig
 from draftwise.drafters import Proposal
 from draftwise.engine import seeded_generators
+from draftwise.errors import DraftwiseError, validation_message
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import (
     PROTOCOL_VERSION,
@@ -55,8 +56,9 @@ from draftwise.web import BodyLimit, bearer_guard, drop_framework_422, error_res
 _Q_SUM_SLACK = 1e-3
 
 
-class VerifierError(Exception):
-    """A request the server refuses: an HTTP status and a message for the client."""
+class VerifierError(DraftwiseError):
+    """A request the server refuses: an HTTP status (``status``, this instance's own) and a
+    message for the client."""
 
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -288,8 +290,7 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        return _error(422, "; ".join(problems))
+        return _error(422, validation_message(list(exc.errors()), every=True))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -359,13 +360,32 @@ def create_app(settings: VerifierSettings, lm: LanguageModel | None = None,
             lm = load_lm(settings.target, settings.models, log=log)
         service = VerifierService(settings, lm)
 
+    app = FastAPI(
+        title="draftwise verifier",
+        description="Remote target for speculative decoding: one round trip per drafted block.",
+        version=str(PROTOCOL_VERSION),
+        lifespan=_sweeping(service, settings.sweep_interval_s),
+    )
+    app.state.service = service
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, error=_error)
+    _install_handlers(app)
+    app.include_router(_status_routes(service))
+    authorize = bearer_guard(settings.api_key, lambda message, headers: VerifierError(401, message, headers))
+    app.include_router(_session_routes(service, authorize))
+    drop_framework_422(app)
+    return app
+
+
+def _sweeping(service: VerifierService, interval: float) -> Callable[[FastAPI], Any]:
+    """The app's lifespan: expire idle sessions every ``interval`` seconds; close all at the end."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def sweep() -> None:
             # Without this, the sessions of clients that vanished would only expire on the
             # next request; here they go even when no one calls again.
             while True:
-                await asyncio.sleep(settings.sweep_interval_s)
+                await asyncio.sleep(interval)
                 await anyio.to_thread.run_sync(service.expire)
 
         sweeper = asyncio.create_task(sweep())
@@ -377,50 +397,17 @@ def create_app(settings: VerifierSettings, lm: LanguageModel | None = None,
                 await sweeper
             service.close_all()
 
-    app = FastAPI(
-        title="draftwise verifier",
-        description="Remote target for speculative decoding: one round trip per drafted block.",
-        version=str(PROTOCOL_VERSION),
-        lifespan=lifespan,
-    )
-    app.state.service = service
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, error=_error)
-    _install_handlers(app)
+    return lifespan
 
-    @app.get("/health", response_model=Health, tags=["status"])
+
+def _status_routes(service: VerifierService) -> APIRouter:
+    """Open without a key, so load balancers can probe it."""
+    router = APIRouter()
+
+    @router.get("/health", response_model=Health, tags=["status"])
     async def health() -> Health:
         """Liveness, open sessions and session affinity; open without a key so load balancers can probe it."""
         return service.health()
 
-    authorize = bearer_guard(settings.api_key, lambda message, headers: VerifierError(401, message, headers))
-    app.include_router(_session_routes(service, authorize))
-    drop_framework_422(app)
-    return app
+    return router
 
-
-@contextmanager
-def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Run ``app`` on uvicorn in a thread (port 0: a free one); yield its base URL, stop on exit.
-
-    For tests and benchmarks; ``draftwise serve-verifier`` runs uvicorn in the foreground.
-    """
-    import uvicorn
-
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5, server_header=False,
-            date_header=False,
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError(f"the verifier server did not start on {host}:{port}")
-            time.sleep(0.01)
-        bound = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://{host}:{bound}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

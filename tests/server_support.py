@@ -1,0 +1,37 @@
+"""Test support: an ASGI app (either server) on uvicorn in a background thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+@contextmanager
+def serve_in_background(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run ``app`` on uvicorn in a thread (port 0: a free one); yield its base URL, stop on exit.
+
+    ``draftwise serve`` and ``draftwise serve-verifier`` run uvicorn in the foreground.
+    """
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5, server_header=False,
+            date_header=False,
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError(f"the server did not start on {host}:{port}")
+            time.sleep(0.01)
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
