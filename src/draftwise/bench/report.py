@@ -235,14 +235,34 @@ def _nodes_lines(machines: Sequence[dict[str, Any]]) -> list[str]:
             "tokens/s and latencies mix machines."]
 
 
-def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt], records: Sequence[Record],
-           machine: dict[str, Any], command: str | None, plots: Sequence[str]) -> str:
-    methods = list(config.methods)
-    greedy = config.generation.sampling.greedy
+# The report's last section: what each number means.
+_DEFINITIONS = [
+    "## Definitions", "",
+    "- tokens/s: a prompt's new tokens (all turns) over its wall time, prefill included; the mean over "
+    "prompts. Speedup: that mean over `baseline`'s mean on the same prompts (Spec-Bench's definition).",
+    "- decode tokens/s: the decode phase alone, everything after the first token: (new tokens - 1) / "
+    "(wall time - TTFT), all turns together; the mean over prompts. Decode speedup: that mean over the "
+    "base's on the same prompts. Speedup over an anchor: the same two ratios with the anchor as the base.",
+    "- TTFT: time to the first delivered token (prefill + first step). Per-token latency: time between "
+    "deliveries divided by the tokens delivered, pooled over all tokens after the first delivery.",
+    "- acceptance: accepted / proposed draft tokens (draftwise methods only: the anchors do not "
+    "report proposals). Mean accepted length: tokens per target pass. passes/token: its inverse.",
+    "- n/a where a method does not expose a number: `llamacpp-spec` (a separate process) reports only its "
+    "total encode + decode time, so its TTFT, latency, tokens per pass and decode-phase rates are unknown.",
+    "- predicted: Leviathan et al.'s expected speedup from alpha = accepted / (accepted + rejections) and "
+    "c = drafting time per draft token / plain target pass time (baseline), summed over the draft lengths "
+    "actually used; measured/predicted below 1 is the engine's own overhead.",
+    "- PPL: perplexity of the method's output under the target (one fresh target pass, untimed).",
+    "",
+]
+
+
+def _setup_lines(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt],
+                 records: Sequence[Record], machine: dict[str, Any], command: str | None) -> list[str]:
+    """The report's header: when, what command, which machine, models, settings and prompts."""
     d = config.generation.draft
     counts = {s: sum(p.subtask == s for p in prompts) for s in subtask_order(prompts)}
-    groups = summary["groups"]
-    lines = [
+    return [
         "# draftwise bench",
         "",
         f"- date: {summary['date']}",
@@ -255,7 +275,7 @@ def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Promp
         f"max new tokens {config.generation.max_new_tokens}, {_decoding_line(config)}",
         f"- drafting: k policy `{d.k_policy}`, k {d.k}, k_max {d.k_max}, confidence threshold "
         f"{d.confidence_threshold}, n-gram {d.ngram_min}..{d.ngram_max}",
-        *[f"- `{m}`: {note}" for m in methods if (note := describe(m, config.generation))],
+        *[f"- `{m}`: {note}" for m in config.methods if (note := describe(m, config.generation))],
         f"- prompts: {len(prompts)} ({sum(len(p.turns) for p in prompts)} turns) from `{config.data}`: "
         + ", ".join(f"{s} {n}" for s, n in counts.items()),
         f"- prompt format: {_chat_line(records, config)}",
@@ -263,11 +283,16 @@ def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Promp
         f"{', after an untimed warm-up' if config.warmup else ''}; results hash `{summary['config_hash']}`",
         *_nodes_lines(summary.get("nodes") or []),
         "",
-        "## Overall",
-        "",
-        *_overall_table(groups[OVERALL], methods, greedy),
-        "",
     ]
+
+
+def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt], records: Sequence[Record],
+           machine: dict[str, Any], command: str | None, plots: Sequence[str]) -> str:
+    methods = list(config.methods)
+    greedy = config.generation.sampling.greedy
+    groups = summary["groups"]
+    lines = _setup_lines(summary, config, prompts, records, machine, command)
+    lines += ["## Overall", "", *_overall_table(groups[OVERALL], methods, greedy), ""]
     for base in summary.get("bases") or [REFERENCE]:
         lines += _speedup_matrix(groups, methods, base)
     for name, stats in groups.items():
@@ -284,26 +309,7 @@ def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Promp
     ]
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
-    lines += [
-        "## Definitions", "",
-        "- tokens/s: a prompt's new tokens (all turns) over its wall time, prefill included; the mean over "
-        "prompts. Speedup: that mean over `baseline`'s mean on the same prompts (Spec-Bench's definition).",
-        "- decode tokens/s: the decode phase alone, everything after the first token: (new tokens - 1) / "
-        "(wall time - TTFT), all turns together; the mean over prompts. Decode speedup: that mean over the "
-        "base's on the same prompts. Speedup over an anchor: the same two ratios with the anchor as the base.",
-        "- TTFT: time to the first delivered token (prefill + first step). Per-token latency: time between "
-        "deliveries divided by the tokens delivered, pooled over all tokens after the first delivery.",
-        "- acceptance: accepted / proposed draft tokens (draftwise methods only: the anchors do not "
-        "report proposals). Mean accepted length: tokens per target pass. passes/token: its inverse.",
-        "- n/a where a method does not expose a number: `llamacpp-spec` (a separate process) reports only its "
-        "total encode + decode time, so its TTFT, latency, tokens per pass and decode-phase rates are unknown.",
-        "- predicted: Leviathan et al.'s expected speedup from alpha = accepted / (accepted + rejections) and "
-        "c = drafting time per draft token / plain target pass time (baseline), summed over the draft lengths "
-        "actually used; measured/predicted below 1 is the engine's own overhead.",
-        "- PPL: perplexity of the method's output under the target (one fresh target pass, untimed).",
-        "",
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + _DEFINITIONS)
 
 
 def write_report(out: Path, summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt],
