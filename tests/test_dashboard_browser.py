@@ -30,8 +30,12 @@ STARTUP_S = 300  # the API server and the page both import torch; on a busy 2-co
 RUN_S = 180
 MAX_TOKENS = 48
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason="no Chromium found (apt-get install chromium); .ci/run installs it")
+# Every test here starts a browser and two servers: slow, whatever the model.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no Chromium found (apt-get install chromium); .ci/run "
+                       "installs it"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +119,6 @@ def test_tokens_of_every_provenance_class_show_up(dashboard: str, artifacts: Pat
     print(f"screenshots: {artifacts}")
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not is_pulled(REGISTRY["smollm2-135m"]), reason="run `draftwise pull smollm2-135m` first")
 def test_the_page_serves_a_real_model(tmp_path: Path, artifacts: Path) -> None:
     # The model as a user runs it: the default backend (llama.cpp where it is installed).

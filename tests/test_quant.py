@@ -16,7 +16,7 @@ from draftwise.backends.quant import (
     PackedLinear,
     can_pack,
     pack_linears,
-    quantize_int4,
+    quantize_weights,
 )
 from draftwise.backends.tiny import tiny_lm
 
@@ -36,14 +36,14 @@ def test_int4_linear_matches_its_dequantized_weights_and_approximates_the_dense_
 
 def test_quantize_int4_skips_layers_the_kernel_cannot_take():
     model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16), nn.Linear(64, 20))
-    assert quantize_int4(model, group_size=64) == 1  # 32 inputs < group; 20 outputs not a multiple of 16
+    assert quantize_weights(model, bits=4, group_size=64) == 1  # 32 inputs < group; 20 outputs not a multiple of 16
     assert isinstance(model[0], Int4Linear)
     assert isinstance(model[1], nn.Linear) and isinstance(model[2], nn.Linear)
 
 
 def test_an_int4_draft_leaves_greedy_output_unchanged():
     target, draft = tiny_lm(0), tiny_lm(0)
-    assert quantize_int4(draft.model) > 0
+    assert quantize_weights(draft.model, bits=4) > 0
     config = GenerationConfig(
         max_new_tokens=40, ignore_eos=True, draft=DraftConfig(k_policy="fixed", k=4, confidence_threshold=0)
     )

@@ -45,15 +45,46 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
-    from draftwise.drafters import Drafter, HybridDrafter, ModelDrafter, NGramDrafter, Proposal
-    from draftwise.engine import GenerationResult, SpeculativeEngine, autoregressive
-    from draftwise.events import StepEvent
-    from draftwise.metrics import GenerationMetrics
-    from draftwise.lm import LanguageModel
-    from draftwise.loading import load_lm, load_pair
-    from draftwise.target import LocalTarget, Target
-    from draftwise.verify import TokenSource, Verdict
+    # The names as their modules define them (the `X as X` form marks them as re-exported).
+    from draftwise.config import (
+        DraftConfig as DraftConfig,
+        GenerationConfig as GenerationConfig,
+        ModelOptions as ModelOptions,
+        SamplingConfig as SamplingConfig,
+    )
+    from draftwise.drafters import (
+        Drafter as Drafter,
+        HybridDrafter as HybridDrafter,
+        ModelDrafter as ModelDrafter,
+        NGramDrafter as NGramDrafter,
+        Proposal as Proposal,
+    )
+    from draftwise.engine import (
+        GenerationResult as GenerationResult,
+        SpeculativeEngine as SpeculativeEngine,
+        autoregressive as autoregressive,
+    )
+    from draftwise.events import (
+        StepEvent as StepEvent,
+    )
+    from draftwise.metrics import (
+        GenerationMetrics as GenerationMetrics,
+    )
+    from draftwise.lm import (
+        LanguageModel as LanguageModel,
+    )
+    from draftwise.loading import (
+        load_lm as load_lm,
+        load_pair as load_pair,
+    )
+    from draftwise.target import (
+        LocalTarget as LocalTarget,
+        Target as Target,
+    )
+    from draftwise.verify import (
+        TokenSource as TokenSource,
+        Verdict as Verdict,
+    )
 
 
 def __getattr__(name: str) -> Any:

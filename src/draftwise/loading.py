@@ -26,8 +26,8 @@ from draftwise.lm import LanguageModel
 from draftwise.registry import REGISTRY, is_pulled, model_path
 
 Log = Callable[[str], None]
-LLAMA_CPP_INSTALL = ("pip install llama-cpp-python==0.3.36 (it builds llama.cpp from source: 10-20 minutes on "
-                     "2 cores), or run `make setup`")
+LLAMA_CPP_INSTALL = ("pip install llama-cpp-python==0.3.36 (it builds llama.cpp from source, which takes a "
+                     "while), or run `make setup`")
 
 
 def resolve(source: str) -> Path | str:

@@ -1,9 +1,9 @@
 """Loading for the ``hf`` backend: transformers models from a folder, a Hugging Face id, a
 ``.gguf`` file (dequantized by transformers) or ``tiny:SEED``, then packed or quantized.
 
-GGUF files are dequantized by transformers on load, which for a 1.5B model takes minutes on
-a small CPU. The first load therefore also writes the dequantized weights as safetensors
-under ``$DRAFTWISE_HOME/converted/``; later loads read those in seconds.
+GGUF files are dequantized by transformers on load, which is slow for a model of any size.
+The first load therefore also writes the dequantized weights as safetensors under
+``$DRAFTWISE_HOME/converted/``; later loads read those instead.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _cpuinfo() -> list[str]:
         return []
 
 
-def _save_converted(model, tokenizer, folder: Path) -> None:
+def _save_dequantized(model, tokenizer, folder: Path) -> None:
     """Write a dequantized GGUF model as a plain safetensors folder, atomically.
 
     ``save_pretrained`` refuses models loaded through the GGUF quantizer even once they are
@@ -143,7 +143,7 @@ def _load_gguf(path: Path, torch_dtype, dtype: str, log: Callable[[str], None]):
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot load GGUF file {path}: {_first_line(exc)}") from exc
-    _save_converted(model, tokenizer, folder)
+    _save_dequantized(model, tokenizer, folder)
     return model, tokenizer
 
 
@@ -203,7 +203,7 @@ def load_hf(source: str, location: Path | str, options: ModelOptions, *, draft: 
             seed = int(source.split(":", 1)[1])
         except ValueError as exc:
             raise ModelLoadError(f"tiny model source must be 'tiny:SEED', got {source!r}") from exc
-        return _converted(tiny_lm(seed), quantize, bool(pack) and device == "cpu", rows, log)
+        return _with_weight_formats(tiny_lm(seed), quantize, bool(pack) and device == "cpu", rows, log)
 
     dtype = options.dtype
     if dtype == "auto":
@@ -220,10 +220,10 @@ def load_hf(source: str, location: Path | str, options: ModelOptions, *, draft: 
     if device != "cpu":
         model = model.to(device)
     lm = HFModel(model, tokenizer, name=source)
-    return _converted(lm, quantize, pack is not False and device == "cpu", rows, log)
+    return _with_weight_formats(lm, quantize, pack is not False and device == "cpu", rows, log)
 
 
-def _converted(lm: HFModel, quantize: str, pack: bool, pack_rows: tuple[int, ...], log: Callable[[str], None]
+def _with_weight_formats(lm: HFModel, quantize: str, pack: bool, pack_rows: tuple[int, ...], log: Callable[[str], None]
                ) -> HFModel:
     """Apply the weight formats of ``draftwise.quant``: quantization first, then packing of
     whatever float32 layers are left."""

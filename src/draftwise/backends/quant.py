@@ -9,14 +9,12 @@ half the bytes of bfloat16 ones, int4 a quarter.
 Packing (``pack_linears``) changes no weight: it stores each float32 matrix in the blocked
 layout oneDNN's matrix product wants, once, instead of on every call. oneDNN picks the layout
 for a given number of input rows, and the choice matters: a layout made for one row (a
-decoding step) makes 2-13 rows cost up to about twice as much, while a layout made for 8
-rows costs the same to ~8% more on one row. A target therefore keeps both (``TARGET_PACK_ROWS``; twice the
-weight memory, which ``load_lm`` only spends where the machine has it) and each call uses the
-layout made for the row count nearest above its own. Qwen2.5-Coder-1.5B, 300-token
-context, 2-core AVX2 CPU: 1 / 2 / 4 / 6 / 9 new tokens cost 310 / 510 / 579 / 596 / 654 ms with
-the one-row layout and 312 / 333 / 409 / 447 / 523 ms with the 8-row one
-(``scripts/pack_layouts.py``; bfloat16: 223 / 429 / 711 / 1065 / 1521 ms); a verification
-block is the cost speculation adds.
+decoding step) makes a block of several rows (a verification) cost much more than one made
+for that many rows, while a layout made for several rows costs about as much on one row. A
+target therefore keeps both (``TARGET_PACK_ROWS``; twice the weight memory, which ``load_lm``
+only spends where the machine has it) and each call uses the layout made for the row count
+nearest above its own, since a verification block is the cost speculation adds.
+``scripts/pack_layouts.py`` measures the layouts on a given machine.
 
 Format (torch's packed int4 CPU kernel): each row of the weight is cut into groups of
 ``group_size`` input features; within a group ``w ~ (q - 8) * scale + zero`` with ``q`` in
@@ -30,10 +28,10 @@ from torch import nn
 
 
 # Above this many rows (a long prompt's prefill) the weight-only kernels, made for a few
-# rows, lose to dequantizing the weights and one dense float32 product. One 896x4864 layer,
-# one thread: the int4 kernel costs ~0.53 ms per row (0.37 s for 700 rows); dequantizing
-# costs a fixed 0.04 s, after which the dense product costs ~0.2 ms per row. The crossover
-# is near 120 rows (at 32 rows, the first choice, short prompts paid 2-3 s more prefill).
+# rows, lose to dequantizing the weights and one dense float32 product: the kernels' cost
+# grows per row faster than the dense product's, and dequantizing is a fixed cost paid once
+# per call, so past some row count the dense path wins. Too low a threshold makes short
+# prompts pay the dequantization on every prefill.
 DENSE_ROWS = 128
 
 
@@ -199,8 +197,3 @@ def quantize_weights(model: nn.Module, bits: int = 8, group_size: int = 64) -> i
         return None
 
     return _replace_linears(model, make)
-
-
-def quantize_int4(model: nn.Module, group_size: int = 64) -> int:
-    """``quantize_weights(model, bits=4)``."""
-    return quantize_weights(model, bits=4, group_size=group_size)
