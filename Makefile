@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup run test clean
+.PHONY: setup run lint test clean
 
 $(BIN)/draftwise: pyproject.toml constraints.txt scripts/install_llama_cpp.sh
 	$(PY) -m venv $(VENV)
@@ -25,9 +25,16 @@ run: setup
 	$(BIN)/draftwise pull default
 	$(BIN)/draftwise generate --chat "$(PROMPT)"
 
+# Lint and types first (settings in pyproject.toml): ruff's rules and format, mypy (--strict on
+# the decoding core).
+lint: setup
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/mypy
+
 # The integration tests run on a real 98 MB GGUF model (SmolLM2-135M); pulling it is a no-op
 # once it is in the cache.
-test: setup
+test: setup lint
 	$(BIN)/draftwise pull smollm2-135m -q
 	$(BIN)/python -m pytest -q
 
