@@ -35,15 +35,19 @@ PROMPTS = [
 
 async def one_request(client: Any, args: argparse.Namespace, prompt: str) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": args.model, "max_tokens": args.max_tokens, "temperature": args.temperature, "stream": True,
+        "model": args.model,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "stream": True,
         "stream_options": {"include_usage": True},
     }
     extra = {"speculative": {"drafter": args.request_drafter}} if args.request_drafter else None
     started = time.perf_counter()
     first = None
     if args.endpoint == "chat":
-        stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **body,
-                                                      extra_body=extra)
+        stream = await client.chat.completions.create(
+            messages=[{"role": "user", "content": prompt}], **body, extra_body=extra
+        )
     else:
         stream = await client.completions.create(prompt=prompt, **body, extra_body=extra)
     usage, stats = None, {}
@@ -54,9 +58,13 @@ async def one_request(client: Any, args: argparse.Namespace, prompt: str) -> dic
             usage = chunk.usage
         if getattr(chunk, "speculative", None):
             stats = chunk.speculative
-    return {"tokens": usage.completion_tokens if usage else 0, "seconds": time.perf_counter() - started,
-            "ttft": first or 0.0, "acceptance_rate": stats.get("acceptance_rate"),
-            "mean_accepted_length": stats.get("mean_accepted_length")}
+    return {
+        "tokens": usage.completion_tokens if usage else 0,
+        "seconds": time.perf_counter() - started,
+        "ttft": first or 0.0,
+        "acceptance_rate": stats.get("acceptance_rate"),
+        "mean_accepted_length": stats.get("mean_accepted_length"),
+    }
 
 
 async def run_level(url: str, args: argparse.Namespace, clients: int, advance: Any) -> dict[str, Any]:
@@ -118,9 +126,15 @@ def server(args: argparse.Namespace) -> Iterator[str]:
     from draftwise.api.settings import ServerSettings
     from draftwise.config import ModelOptions
 
-    settings = ServerSettings(target=args.target, draft=args.draft, drafter=args.drafter, workers=args.workers,
-                              queue_size=max(args.concurrency), models=ModelOptions(threads=args.threads),
-                              request_timeout=3600)
+    settings = ServerSettings(
+        target=args.target,
+        draft=args.draft,
+        drafter=args.drafter,
+        workers=args.workers,
+        queue_size=max(args.concurrency),
+        models=ModelOptions(threads=args.threads),
+        request_timeout=3600,
+    )
     args.model = settings.served_model
     app = create_app(settings, log=lambda note: print(note, file=sys.stderr))
     with serve_in_background(app) as url:
@@ -153,8 +167,9 @@ def main() -> None:
 
     levels = []
     with server(args) as url, Progress(transient=True) as progress:
-        asyncio.run(run_level(url, argparse.Namespace(**{**vars(args), "requests": 1, "max_tokens": 8}), 1,
-                              lambda: None))  # warm-up
+        asyncio.run(
+            run_level(url, argparse.Namespace(**{**vars(args), "requests": 1, "max_tokens": 8}), 1, lambda: None)
+        )  # warm-up
         for clients in args.concurrency:
             task = progress.add_task(f"{clients} client(s)", total=clients * args.requests)
             levels.append(asyncio.run(run_level(url, args, clients, lambda t=task: progress.advance(t))))

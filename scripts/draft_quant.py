@@ -16,9 +16,9 @@ import time
 from draftwise import GenerationConfig, SpeculativeEngine, autoregressive
 from draftwise.backends.hf import HFModel
 from draftwise.backends.hf_loading import load_hf
+from draftwise.backends.quant import quantize_weights
 from draftwise.config import ModelOptions
 from draftwise.loading import resolve
-from draftwise.backends.quant import quantize_weights
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 

@@ -31,8 +31,9 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def model_cost(source: str, options, blocks: list[int], repeats: int, prefill: int, pack: bool,
-               pack_rows: tuple[int, ...]) -> None:
+def model_cost(
+    source: str, options, blocks: list[int], repeats: int, prefill: int, pack: bool, pack_rows: tuple[int, ...]
+) -> None:
     from draftwise.loading import choose_backend, load_lm, resolve
 
     if choose_backend(resolve(source), options.backend, print) == "hf":
@@ -45,9 +46,12 @@ def model_cost(source: str, options, blocks: list[int], repeats: int, prefill: i
     started = time.perf_counter()
     lm.forward(list(range(1000, 1000 + prefill)), last=1)
     packed = f"packed for {'+'.join(map(str, pack_rows))} rows, " if pack and lm.dtype == "float32" else ""
-    print(f"{source} ({lm.backend}, {packed}{lm.dtype}, threads {options.threads or 'all'}): "
-          f"{prefill}-token prefill {time.perf_counter() - started:.1f} s; after it:")
+    print(
+        f"{source} ({lm.backend}, {packed}{lm.dtype}, threads {options.threads or 'all'}): "
+        f"{prefill}-token prefill {time.perf_counter() - started:.1f} s; after it:"
+    )
     for n in blocks:
+
         def step(n: int = n) -> None:
             lm.rollback(prefill)
             lm.forward(list(range(2000, 2000 + n)), last=n)
@@ -75,8 +79,10 @@ def matmul_cost(repeats: int) -> None:
             int8 = _median_ms(
                 lambda: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), weight_int8, scales.bfloat16()), repeats
             )
-            layouts = "  ".join(f"packed for {rows} row{'s' * (rows > 1)} {_median_ms(lambda: layer(x), repeats):6.2f} ms"
-                                for rows, layer in packed.items())
+            layouts = "  ".join(
+                f"packed for {rows} row{'s' * (rows > 1)} {_median_ms(lambda: layer(x), repeats):6.2f} ms"
+                for rows, layer in packed.items()
+            )
             print(f"  m={m:2d}: float32 {f32:6.2f} ms  bfloat16 {bf16:6.2f} ms  int8 weights {int8:6.2f} ms  {layouts}")
 
 
@@ -89,10 +95,15 @@ def main() -> None:
     parser.add_argument("--blocks", default="1,2,5,9")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefill", type=int, default=200)
-    parser.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
-                        help="hf backend: pre-pack float32 weights for oneDNN, as draftwise does by default")
-    parser.add_argument("--pack-rows", default="1,8",
-                        help="row counts to keep a packed layout for (draftwise's target default: 1,8)")
+    parser.add_argument(
+        "--pack",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hf backend: pre-pack float32 weights for oneDNN, as draftwise does by default",
+    )
+    parser.add_argument(
+        "--pack-rows", default="1,8", help="row counts to keep a packed layout for (draftwise's target default: 1,8)"
+    )
     parser.add_argument("--matmul-only", action="store_true")
     args = parser.parse_args()
     from draftwise.config import ModelOptions
@@ -101,8 +112,15 @@ def main() -> None:
         matmul_cost(args.repeats)
         return
     options = ModelOptions(backend=args.backend, dtype=args.dtype, threads=args.threads)
-    model_cost(args.model, options, [int(b) for b in args.blocks.split(",")], args.repeats, args.prefill,
-               args.pack, tuple(int(r) for r in args.pack_rows.split(",")))
+    model_cost(
+        args.model,
+        options,
+        [int(b) for b in args.blocks.split(",")],
+        args.repeats,
+        args.prefill,
+        args.pack,
+        tuple(int(r) for r in args.pack_rows.split(",")),
+    )
 
 
 if __name__ == "__main__":

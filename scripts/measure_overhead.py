@@ -24,8 +24,8 @@ from collections.abc import Callable
 import torch
 
 from draftwise import DraftConfig, GenerationConfig, NGramDrafter, SamplingConfig, SpeculativeEngine
-from draftwise.lm import LanguageModel
 from draftwise.backends.tiny import tiny_lm
+from draftwise.lm import LanguageModel
 
 PROMPT = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint(fib(10))\n"
 
@@ -111,15 +111,22 @@ def main() -> None:
     clock.wrap(draft)
     same = tiny_lm(0)
     clock.wrap(same)
-    rows = {"none": ("none (baseline)", None), "model": ("model (tiny:1)", draft),
-            "same": ("model (tiny:0, =target)", same), "ngram": ("n-gram", NGramDrafter())}
+    rows = {
+        "none": ("none (baseline)", None),
+        "model": ("model (tiny:1)", draft),
+        "same": ("model (tiny:0, =target)", same),
+        "ngram": ("n-gram", NGramDrafter()),
+    }
     drafters = dict(rows[key] for key in args.drafters.split(","))
     samplings = {"greedy": SamplingConfig(), "sampling": SamplingConfig(temperature=0.8, top_k=40, top_p=0.95)}
 
     # Warm up (first calls allocate and compile kernels).
     SpeculativeEngine.from_models(target, draft).generate(PROMPT, GenerationConfig(max_new_tokens=16))
 
-    header = f"{'drafter':26} {'decoding':9} {'tok/step':>8} {'step ms':>8} {'loop med':>9} {'loop p90':>9} {'other med':>9} {'other p90':>9} {'cpu med':>8} {'cpu p90':>8}"
+    header = (
+        f"{'drafter':26} {'decoding':9} {'tok/step':>8} {'step ms':>8} {'loop med':>9} {'loop p90':>9} "
+        f"{'other med':>9} {'other p90':>9} {'cpu med':>8} {'cpu p90':>8}"
+    )
     print(f"threads={args.threads} tokens={args.tokens} runs={args.runs} k={args.k} (fixed, confidence stop off)")
     print("overhead in microseconds per step (loop = step wall time minus model forward time)")
     print(header)
@@ -127,17 +134,25 @@ def main() -> None:
         engine = SpeculativeEngine.from_models(target, drafter)
         for mode, sampling in samplings.items():
             config = GenerationConfig(
-                max_new_tokens=args.tokens, ignore_eos=True, sampling=sampling,
+                max_new_tokens=args.tokens,
+                ignore_eos=True,
+                sampling=sampling,
                 draft=DraftConfig(k_policy="fixed", k=args.k, confidence_threshold=0.0),
             )
             r = measure(engine, clock, config, args.runs)
-            print(f"{name:26} {mode:9} {r['tokens/step']:8.2f} {r['step ms']:8.2f} {r['loop med']:9.0f} "
-                  f"{r['loop p90']:9.0f} {r['other med']:9.0f} {r['other p90']:9.0f} {r['cpu med']:8.0f} {r['cpu p90']:8.0f}")
+            print(
+                f"{name:26} {mode:9} {r['tokens/step']:8.2f} {r['step ms']:8.2f} {r['loop med']:9.0f} "
+                f"{r['loop p90']:9.0f} {r['other med']:9.0f} {r['other p90']:9.0f} {r['cpu med']:8.0f} "
+                f"{r['cpu p90']:8.0f}"
+            )
 
     single = [s for n, s in clock.calls if n == 1]
     block = [s for n, s in clock.calls if n == args.k + 1]
-    print(f"model forward (tiny, 2 layers, hidden 64, vocab 257): 1 token {1e3 * statistics.median(single):.2f} ms"
-          + (f", {args.k + 1} tokens {1e3 * statistics.median(block):.2f} ms" if block else "") + " (medians)")
+    print(
+        f"model forward (tiny, 2 layers, hidden 64, vocab 257): 1 token {1e3 * statistics.median(single):.2f} ms"
+        + (f", {args.k + 1} tokens {1e3 * statistics.median(block):.2f} ms" if block else "")
+        + " (medians)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,9 @@ def main() -> None:
 
     from draftwise.backends.hf import HFModel
     from draftwise.backends.hf_loading import load_hf
+    from draftwise.backends.quant import pack_linears
     from draftwise.config import ModelOptions
     from draftwise.loading import resolve
-    from draftwise.backends.quant import pack_linears
 
     plain = load_hf(args.model, resolve(args.model), ModelOptions(backend="hf", dtype="float32"), pack=False)
     layouts = {}

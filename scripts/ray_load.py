@@ -39,29 +39,46 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak import _percentile, cli_server, machine  # noqa: E402  (a sibling script: one copy of each)
+from soak import _percentile, cli_server, machine
 
 PAIR = ["--target", "tiny:0", "--draft", "tiny:1", "--threads", "1"]
 RAY = ["--ray", "--cpus-per-replica", "1"]
-ONE_TOKEN = {"model": "tiny:0", "prompt": "Once upon a time", "max_tokens": 1, "temperature": 0,
-             "speculative": {"drafter": "off"}}
-PROMPTS = ["def fibonacci(n):", "The quick brown fox", "1, 2, 3, 5, 8,", "Once upon a time, once upon a",
-           "SELECT * FROM users WHERE", "class Stack:\n    def __init__(self):"]
+ONE_TOKEN = {
+    "model": "tiny:0",
+    "prompt": "Once upon a time",
+    "max_tokens": 1,
+    "temperature": 0,
+    "speculative": {"drafter": "off"},
+}
+PROMPTS = [
+    "def fibonacci(n):",
+    "The quick brown fox",
+    "1, 2, 3, 5, 8,",
+    "Once upon a time, once upon a",
+    "SELECT * FROM users WHERE",
+    "class Stack:\n    def __init__(self):",
+]
 TIMEOUT_S = 120.0
 
 
 def _stats(seconds: list[float]) -> dict[str, float]:
     ordered = sorted(seconds)
-    return {"n": len(ordered), "p50_ms": 1000 * statistics.median(ordered),
-            "p99_ms": 1000 * (_percentile(ordered, 99) or 0.0), "mean_ms": 1000 * statistics.fmean(ordered)}
+    return {
+        "n": len(ordered),
+        "p50_ms": 1000 * statistics.median(ordered),
+        "p99_ms": 1000 * (_percentile(ordered, 99) or 0.0),
+        "mean_ms": 1000 * statistics.fmean(ordered),
+    }
 
 
 def latencies(url: str, requests: int) -> dict[str, Any]:
     """Sequential requests of both kinds (after a short warm-up): their latency statistics."""
     out = {}
     with httpx.Client(base_url=url, timeout=TIMEOUT_S, trust_env=False) as http:
-        for kind, call in (("models", lambda: http.get("/v1/models")),
-                           ("one_token", lambda: http.post("/v1/completions", json=ONE_TOKEN))):
+        for kind, call in (
+            ("models", lambda: http.get("/v1/models")),
+            ("one_token", lambda: http.post("/v1/completions", json=ONE_TOKEN)),
+        ):
             for _ in range(10):
                 call().raise_for_status()
             seconds = []
@@ -77,8 +94,13 @@ async def _throughput(url: str, clients: int, per_client: int, max_tokens: int) 
     async def client(index: int, http: httpx.AsyncClient) -> int:
         tokens = 0
         for i in range(per_client):
-            body = {"model": "tiny:0", "prompt": PROMPTS[(index + i) % len(PROMPTS)], "max_tokens": max_tokens,
-                    "temperature": 0, "speculative": {"drafter": "ngram"}}
+            body = {
+                "model": "tiny:0",
+                "prompt": PROMPTS[(index + i) % len(PROMPTS)],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "speculative": {"drafter": "ngram"},
+            }
             response = await http.post("/v1/completions", json=body)
             response.raise_for_status()
             tokens += response.json()["usage"]["completion_tokens"]
@@ -90,8 +112,13 @@ async def _throughput(url: str, clients: int, per_client: int, max_tokens: int) 
         started = time.perf_counter()
         tokens = sum(await asyncio.gather(*(client(i, http) for i in range(clients))))
         wall = time.perf_counter() - started
-    return {"clients": clients, "requests": clients * per_client, "tokens": tokens, "seconds": wall,
-            "tokens_per_second": tokens / wall}
+    return {
+        "clients": clients,
+        "requests": clients * per_client,
+        "tokens": tokens,
+        "seconds": wall,
+        "tokens_per_second": tokens / wall,
+    }
 
 
 def throughput(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -123,11 +150,17 @@ def affinity(url: str, args: argparse.Namespace) -> dict[str, Any]:
         for i in range(index, args.sessions, args.clients):
             prompt = PROMPTS[i % len(PROMPTS)]
             with connect(url, tokenizer=draft.tokenizer) as remote:
-                result = SpeculativeEngine(remote, ModelDrafter(draft), tokenizer=draft.tokenizer).generate(prompt,
-                                                                                                              config)
+                result = SpeculativeEngine(remote, ModelDrafter(draft), tokenizer=draft.tokenizer).generate(
+                    prompt, config
+                )
             with lock:
-                sessions.append({"identical": result.tokens == expected[prompt], "retries": remote.routing_retries,
-                                 "reopens": remote.reopens})
+                sessions.append(
+                    {
+                        "identical": result.tokens == expected[prompt],
+                        "retries": remote.routing_retries,
+                        "reopens": remote.reopens,
+                    }
+                )
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
     for thread in threads:
@@ -136,12 +169,18 @@ def affinity(url: str, args: argparse.Namespace) -> dict[str, Any]:
         thread.join(timeout=600)
     after = _fleet_health(url)
     hits, misses = (after["affinity"][k] - before[k] for k in ("hits", "misses"))
-    return {"sessions": len(sessions), "clients": args.clients, "replicas": len(after.get("replicas") or {}),
-            "verify_hits": hits, "verify_misses": misses, "hit_rate": hits / max(1, hits + misses),
-            "sessions_with_a_miss": sum(s["retries"] > 0 for s in sessions),
-            "session_hit_rate": sum(s["retries"] == 0 for s in sessions) / max(1, len(sessions)),
-            "client_reopens": sum(s["reopens"] for s in sessions),
-            "all_identical_to_local": all(s["identical"] for s in sessions) and len(sessions) == args.sessions}
+    return {
+        "sessions": len(sessions),
+        "clients": args.clients,
+        "replicas": len(after.get("replicas") or {}),
+        "verify_hits": hits,
+        "verify_misses": misses,
+        "hit_rate": hits / max(1, hits + misses),
+        "sessions_with_a_miss": sum(s["retries"] > 0 for s in sessions),
+        "session_hit_rate": sum(s["retries"] == 0 for s in sessions) / max(1, len(sessions)),
+        "client_reopens": sum(s["reopens"] for s in sessions),
+        "all_identical_to_local": all(s["identical"] for s in sessions) and len(sessions) == args.sessions,
+    }
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -151,8 +190,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         ("plain_2_workers", ["serve", *PAIR, "--workers", "2"], "/health", ("throughput",)),
         ("ray_1_replica", ["serve", *PAIR, *RAY, "--replicas", "1"], "/health", ("latency", "throughput")),
         ("ray_2_replicas", ["serve", *PAIR, *RAY, "--replicas", "2"], "/health", ("throughput",)),
-        ("verifier_ray_2_replicas", ["serve-verifier", "--target", "tiny:0", "--threads", "1", *RAY,
-                                     "--replicas", "2", "--max-sessions", "64"], "/health", ("affinity",)),
+        (
+            "verifier_ray_2_replicas",
+            ["serve-verifier", "--target", "tiny:0", "--threads", "1", *RAY, "--replicas", "2", "--max-sessions", "64"],
+            "/health",
+            ("affinity",),
+        ),
     ]
     for name, command, health, measures in phases:
         print(f"{name}: starting ...", file=sys.stderr, flush=True)
@@ -183,8 +226,11 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=64, help="verifier sessions (affinity)")
     parser.add_argument("--out", type=Path, default=None, help="write the result here as JSON")
     args = parser.parse_args()
-    result: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "date": datetime.datetime.now(
-        datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine()}
+    result: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
     with tempfile.TemporaryDirectory(prefix="draftwise-ray-") as workdir:
         result["runs"] = run(args, Path(workdir))
     result["ray_added_latency_ms"] = added_latency(result["runs"])

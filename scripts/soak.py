@@ -31,7 +31,6 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,8 +46,14 @@ from typing import Any
 HOST = "127.0.0.1"
 CLI = [sys.executable, "-c", "from draftwise.cli import main; main()"]
 PROMPTS = [
-    "def fibonacci(n):", "The quick brown fox", "import numpy as np\n", "Once upon a time",
-    "SELECT * FROM users WHERE", "class Stack:\n    def __init__(self):", "# TODO: write tests", "1, 2, 3, 5, 8,",
+    "def fibonacci(n):",
+    "The quick brown fox",
+    "import numpy as np\n",
+    "Once upon a time",
+    "SELECT * FROM users WHERE",
+    "class Stack:\n    def __init__(self):",
+    "# TODO: write tests",
+    "1, 2, 3, 5, 8,",
 ]
 MAX_TOKENS = 32
 DISCONNECT_EVERY = 16  # one request in this many hangs up after its first chunk
@@ -82,12 +87,19 @@ class Tally:
         ttft = sorted(self.ttft)
         fives = sum(n for status, n in self.statuses.items() if status.startswith("5"))
         return {
-            "requests_by_status": dict(sorted(self.statuses.items())), "requests": sum(self.statuses.values()),
-            "status_5xx": fives, "generations": self.generations, "incomplete_200_streams": self.incomplete,
-            "mismatched_outputs": self.mismatched, "deliberate_disconnects": self.disconnects,
-            "errors": self.error_count, "first_errors": self.errors,
-            "ttft_p50_s": _percentile(ttft, 50), "ttft_p99_s": _percentile(ttft, 99),
-            "evicted_generations": self.evicted, "evicted_generations_identical": self.evicted_identical,
+            "requests_by_status": dict(sorted(self.statuses.items())),
+            "requests": sum(self.statuses.values()),
+            "status_5xx": fives,
+            "generations": self.generations,
+            "incomplete_200_streams": self.incomplete,
+            "mismatched_outputs": self.mismatched,
+            "deliberate_disconnects": self.disconnects,
+            "errors": self.error_count,
+            "first_errors": self.errors,
+            "ttft_p50_s": _percentile(ttft, 50),
+            "ttft_p99_s": _percentile(ttft, 99),
+            "evicted_generations": self.evicted,
+            "evicted_generations_identical": self.evicted_identical,
         }
 
 
@@ -127,10 +139,15 @@ class RssSampler:
         self.samples.append((time.monotonic() - self._started, rss_bytes(self.pid)))
         after_warmup = next((rss for t, rss in self.samples if t >= warmup_s), self.samples[-1][1])
         end = self.samples[-1][1]
-        return {"rss_idle_mb": self.samples[0][1] / 2**20, "rss_after_warmup_mb": after_warmup / 2**20,
-                "rss_end_mb": end / 2**20, "rss_max_mb": max(r for _, r in self.samples) / 2**20,
-                "rss_growth_after_warmup": end / after_warmup - 1, "warmup_s": warmup_s,
-                "rss_samples_mb": [(round(t, 1), round(r / 2**20, 1)) for t, r in self.samples]}
+        return {
+            "rss_idle_mb": self.samples[0][1] / 2**20,
+            "rss_after_warmup_mb": after_warmup / 2**20,
+            "rss_end_mb": end / 2**20,
+            "rss_max_mb": max(r for _, r in self.samples) / 2**20,
+            "rss_growth_after_warmup": end / after_warmup - 1,
+            "warmup_s": warmup_s,
+            "rss_samples_mb": [(round(t, 1), round(r / 2**20, 1)) for t, r in self.samples],
+        }
 
 
 def _free_port() -> int:
@@ -147,8 +164,13 @@ def cli_server(args: list[str], health: str, log: Path) -> Iterator[tuple[str, s
 
     port = _free_port()
     with log.open("wb") as sink:
-        process = subprocess.Popen([*CLI, *args, "--host", HOST, "--port", str(port)], stdout=sink,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(
+            [*CLI, *args, "--host", HOST, "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     url = f"http://{HOST}:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -240,8 +262,9 @@ async def _api_request(http: Any, url: str, prompt: str, hang_up: bool, tally: T
     return 0.0, text
 
 
-async def _api_client(index: int, http: Any, url: str, deadline: float, budget: Budget, tally: Tally,
-                      references: dict[str, str]) -> None:
+async def _api_client(
+    index: int, http: Any, url: str, deadline: float, budget: Budget, tally: Tally, references: dict[str, str]
+) -> None:
     n = 0
     while time.monotonic() < deadline and budget.take():
         prompt = PROMPTS[(index + n) % len(PROMPTS)]
@@ -273,12 +296,12 @@ async def _api_references(url: str) -> dict[str, str]:
     return references
 
 
-async def _api_load(url: str, clients: int, seconds: float, budget: Budget, tally: Tally,
-                    references: dict[str, str]) -> None:
+async def _api_load(
+    url: str, clients: int, seconds: float, budget: Budget, tally: Tally, references: dict[str, str]
+) -> None:
     async with _client(clients) as http:
         deadline = time.monotonic() + seconds
-        await asyncio.gather(*(_api_client(i, http, url, deadline, budget, tally, references)
-                               for i in range(clients)))
+        await asyncio.gather(*(_api_client(i, http, url, deadline, budget, tally, references) for i in range(clients)))
 
 
 def api_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -293,8 +316,14 @@ def api_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         time.sleep(2)  # let the last cancelled generations finish their step
         memory = sampler.stop(args.warmup)
         health = httpx.get(url + "/health", timeout=10, trust_env=False).json()
-    return {"server": " ".join(["draftwise", *flags]), "clients": args.clients, "wall_s": wall, **tally.summary(),
-            **memory, "health_after": health}
+    return {
+        "server": " ".join(["draftwise", *flags]),
+        "clients": args.clients,
+        "wall_s": wall,
+        **tally.summary(),
+        **memory,
+        "health_after": health,
+    }
 
 
 # --- verifier phase ----------------------------------------------------------------------
@@ -327,8 +356,7 @@ def _counting_target(url: str, tally: Tally) -> Any:
     return CountingTarget()
 
 
-def _verifier_generation(engine: Any, target: Any, prompt: str, config: Any, expected: list[int],
-                         tally: Tally) -> None:
+def _verifier_generation(engine: Any, target: Any, prompt: str, config: Any, expected: list[int], tally: Tally) -> None:
     """One generation through the verifier, checked against the local tokens."""
     from draftwise.remote.client import RemoteVerifierError
 
@@ -356,8 +384,16 @@ def _verifier_generation(engine: Any, target: Any, prompt: str, config: Any, exp
             tally.error(f"output for {prompt!r} differs from the local run")
 
 
-def _verifier_client(index: int, url: str, draft: Any, deadline: float, budget: Budget, tally: Tally,
-                     references: dict[str, list[int]], config: Any) -> None:
+def _verifier_client(
+    index: int,
+    url: str,
+    draft: Any,
+    deadline: float,
+    budget: Budget,
+    tally: Tally,
+    references: dict[str, list[int]],
+    config: Any,
+) -> None:
     from draftwise.drafters import ModelDrafter
     from draftwise.engine import SpeculativeEngine
 
@@ -387,8 +423,10 @@ def verifier_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     with cli_server(flags, "/health", workdir / "verifier.log") as (url, process):
         sampler, tally, started = RssSampler(process.pid), Tally(), time.monotonic()
         deadline, budget = started + args.duration, Budget(args.max_requests)
-        clients = [threading.Thread(target=_verifier_client, args=(i, url, draft, deadline, budget, tally,
-                                                                  references, config)) for i in range(args.clients)]
+        clients = [
+            threading.Thread(target=_verifier_client, args=(i, url, draft, deadline, budget, tally, references, config))
+            for i in range(args.clients)
+        ]
         for client in clients:
             client.start()
         for client in clients:
@@ -396,8 +434,14 @@ def verifier_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         wall = time.monotonic() - started
         memory = sampler.stop(args.warmup)
         health = httpx.get(url + "/health", timeout=10, trust_env=False).json()
-    return {"server": " ".join(["draftwise", *flags]), "clients": args.clients, "wall_s": wall, **tally.summary(),
-            **memory, "health_after": health}
+    return {
+        "server": " ".join(["draftwise", *flags]),
+        "clients": args.clients,
+        "wall_s": wall,
+        **tally.summary(),
+        **memory,
+        "health_after": health,
+    }
 
 
 # --- report ------------------------------------------------------------------------------
@@ -408,24 +452,34 @@ def goals(result: dict[str, Any]) -> dict[str, bool]:
     out = {}
     if "api" in result:
         api = result["api"]
-        out.update(api_no_5xx=api["status_5xx"] == 0, api_no_incomplete_200_streams=api["incomplete_200_streams"] == 0,
-                   api_outputs_identical=api["mismatched_outputs"] == 0, api_no_errors=api["errors"] == 0,
-                   api_rss_growth_under_5pct=api["rss_growth_after_warmup"] < 0.05)
+        out.update(
+            api_no_5xx=api["status_5xx"] == 0,
+            api_no_incomplete_200_streams=api["incomplete_200_streams"] == 0,
+            api_outputs_identical=api["mismatched_outputs"] == 0,
+            api_no_errors=api["errors"] == 0,
+            api_rss_growth_under_5pct=api["rss_growth_after_warmup"] < 0.05,
+        )
     if "verifier" in result:
         ver = result["verifier"]
         evicted = ver["evicted_generations"]
-        out.update(verifier_no_5xx=ver["status_5xx"] == 0, verifier_no_errors=ver["errors"] == 0,
-                   verifier_outputs_identical=ver["mismatched_outputs"] == 0,
-                   verifier_evicted_clients_recover_identically=(
-                       evicted > 0 and ver["evicted_generations_identical"] == evicted),
-                   verifier_rss_growth_under_5pct=ver["rss_growth_after_warmup"] < 0.05)
+        out.update(
+            verifier_no_5xx=ver["status_5xx"] == 0,
+            verifier_no_errors=ver["errors"] == 0,
+            verifier_outputs_identical=ver["mismatched_outputs"] == 0,
+            verifier_evicted_clients_recover_identically=(
+                evicted > 0 and ver["evicted_generations_identical"] == evicted
+            ),
+            verifier_rss_growth_under_5pct=ver["rss_growth_after_warmup"] < 0.05,
+        )
     return out
 
 
 def machine() -> dict[str, Any]:
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                 platform.processor())
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+        platform.processor(),
+    )
     import torch
 
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
@@ -435,16 +489,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of load per phase")
     parser.add_argument("--clients", type=int, default=64, help="concurrent clients per phase")
-    parser.add_argument("--warmup", type=float, default=None,
-                        help="seconds before the 'start' RSS is taken; default: a tenth of --duration, at most 60")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds before the 'start' RSS is taken; default: a tenth of --duration, at most 60",
+    )
     parser.add_argument("--max-requests", type=int, default=1_000_000, help="generations per phase at most")
     parser.add_argument("--phases", default="api,verifier", help="api, verifier, or both (comma-separated)")
     parser.add_argument("--out", type=Path, default=None, help="write the result here as JSON")
     args = parser.parse_args()
     if args.warmup is None:
         args.warmup = min(60.0, args.duration / 10)
-    result: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "date": datetime.datetime.now(
-        datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine()}
+    result: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
     with tempfile.TemporaryDirectory(prefix="draftwise-soak-") as workdir:
         for phase in args.phases.split(","):
             print(f"{phase}: {args.clients} clients for {args.duration:g} s ...", file=sys.stderr, flush=True)

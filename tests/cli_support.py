@@ -27,8 +27,14 @@ def free_port() -> int:
 
 def run_cli(*args: str, timeout: float = 600.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``draftwise ARGS`` to the end; stdout and stderr as text."""
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def wait_until_ready(process: subprocess.Popen, url: str, log: Path, timeout: float, expect: str | None = None) -> None:
@@ -39,8 +45,10 @@ def wait_until_ready(process: subprocess.Popen, url: str, log: Path, timeout: fl
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
-            pytest.fail(f"{' '.join(map(str, process.args[3:]))} exited ({process.returncode}):\n"
-                        f"{log.read_text(errors='replace')[-3000:]}")
+            pytest.fail(
+                f"{' '.join(map(str, process.args[3:]))} exited ({process.returncode}):\n"
+                f"{log.read_text(errors='replace')[-3000:]}"
+            )
         try:
             answer = httpx.get(url, timeout=2.0, trust_env=False)
             if answer.status_code == 200 and (expect is None or expect in answer.text):
@@ -67,15 +75,27 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 6
 
 
 @contextmanager
-def cli_server(args: list[str], health_path: str, log: Path, port: int | None = None, startup_s: float = 600.0,
-               expect: str | None = None, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+def cli_server(
+    args: list[str],
+    health_path: str,
+    log: Path,
+    port: int | None = None,
+    startup_s: float = 600.0,
+    expect: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """``draftwise ARGS --port P`` in its own process group; yields (base URL, process) once
     ``health_path`` answers, and stops the group on exit."""
     port = port or free_port()
     with log.open("wb") as sink:
-        process = subprocess.Popen([*CLI, *args, "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True,
-                                   env={**os.environ, **(env or {})})
+        process = subprocess.Popen(
+            [*CLI, *args, "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_ready(process, url + health_path, log, startup_s, expect)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftwise.lm import LanguageModel
 from draftwise.backends.tiny import tiny_lm
+from draftwise.lm import LanguageModel
 
 
 @pytest.fixture(scope="session")

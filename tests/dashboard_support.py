@@ -13,6 +13,7 @@ from draftwise.bench.config import BenchConfig
 from draftwise.bench.runner import run_bench
 from draftwise.config import GenerationConfig
 from draftwise.lm import LanguageModel
+
 from server_support import serve_in_background
 
 MODEL = "tiny:0"
@@ -27,8 +28,9 @@ BENCH_PROMPTS = [
 @contextmanager
 def live_api(target: LanguageModel, draft: LanguageModel | None = None) -> Iterator[str]:
     """A real draftwise API server on 127.0.0.1 (a free port) over in-process tiny models."""
-    app = create_app(ServerSettings(target=MODEL, draft="tiny-draft" if draft is not None else None),
-                     target=target, draft=draft)
+    app = create_app(
+        ServerSettings(target=MODEL, draft="tiny-draft" if draft is not None else None), target=target, draft=draft
+    )
     with serve_in_background(app) as url:
         yield url
 
@@ -37,7 +39,14 @@ def tiny_bench(folder: Path, target: LanguageModel, draft: LanguageModel) -> Pat
     """A finished `draftwise bench` run (baseline, draft, ngram) on two one-prompt subtasks."""
     data = folder / "prompts.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in BENCH_PROMPTS))
-    config = BenchConfig(target=MODEL, draft="tiny:1", data=str(data), out=folder / "out", warmup=False,
-                         methods=("baseline", "model", "ngram"), generation=GenerationConfig(max_new_tokens=8))
+    config = BenchConfig(
+        target=MODEL,
+        draft="tiny:1",
+        data=str(data),
+        out=folder / "out",
+        warmup=False,
+        methods=("baseline", "model", "ngram"),
+        generation=GenerationConfig(max_new_tokens=8),
+    )
     run_bench(config, command="draftwise bench (dashboard test)", models=(target, draft))
     return config.out

@@ -9,8 +9,16 @@ from draftwise.config import ModelOptions
 from draftwise.loading import resolve
 
 
-def load_hf_model(source: str, *, dtype: str = "float32", quantize: str = "none", draft: bool | None = None,
-                  pack: bool | None = None, pack_rows: tuple[int, ...] | None = None, log=None) -> HFModel:
+def load_hf_model(
+    source: str,
+    *,
+    dtype: str = "float32",
+    quantize: str = "none",
+    draft: bool | None = None,
+    pack: bool | None = None,
+    pack_rows: tuple[int, ...] | None = None,
+    log=None,
+) -> HFModel:
     """``source`` on the hf backend; ``quantize`` (or ``draft=True``) loads it as a draft model."""
     options = ModelOptions(backend="hf", dtype=dtype, draft_quant=quantize)
     as_draft = quantize != "none" if draft is None else draft

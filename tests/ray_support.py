@@ -17,12 +17,14 @@ from typing import Any
 import psutil
 import pytest
 
-from cli_support import free_port
 from draftwise.cluster.runtime import ray_session
 from draftwise.cluster.settings import RayOptions
 
-needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                               reason="Ray is not installed (pip install 'draftwise[ray]')")
+from cli_support import free_port
+
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'draftwise[ray]')"
+)
 
 
 def is_loopback(address: str) -> bool:
@@ -75,8 +77,11 @@ class LocalRay:
 
     def replicas(self, app: str) -> list[str]:
         """Actor names of ``app``'s live Serve replicas."""
-        return sorted(a["name"] for a in self.ray.util.list_named_actors(all_namespaces=True)
-                      if a["name"].startswith(f"SERVE_REPLICA::{app}#"))
+        return sorted(
+            a["name"]
+            for a in self.ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith(f"SERVE_REPLICA::{app}#")
+        )
 
     def kill(self, name: str, namespace: str) -> None:
         """``ray.kill`` the named actor, and wait until Ray reports it dead."""
@@ -99,7 +104,7 @@ class LocalRay:
         self._stack.close()
         self._stack = None  # type: ignore[assignment]
         deadline = time.monotonic() + 30
-        while (alive := [p for p in self.processes.values() if p.is_running() and p.status() != "zombie"]):
+        while alive := [p for p in self.processes.values() if p.is_running() and p.status() != "zombie"]:
             if time.monotonic() > deadline:
                 return alive
             time.sleep(0.2)

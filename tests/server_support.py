@@ -19,7 +19,12 @@ def serve_in_background(app: Any, host: str = "127.0.0.1", port: int = 0) -> Ite
 
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5, server_header=False,
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+            server_header=False,
             date_header=False,
         )
     )

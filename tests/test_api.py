@@ -21,6 +21,7 @@ from draftwise.api.app import create_app  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.config import GenerationConfig  # noqa: E402
 from draftwise.engine import autoregressive  # noqa: E402
+
 from server_support import serve_in_background  # noqa: E402
 
 MODEL = "tiny:0"
@@ -73,9 +74,7 @@ def baseline(tiny_target):
     """Greedy output of the plain target (no drafter), the reference for every greedy test."""
 
     def run(prompt: str, max_new_tokens: int, **config):
-        return autoregressive(tiny_target).generate(
-            prompt, GenerationConfig(max_new_tokens=max_new_tokens, **config)
-        )
+        return autoregressive(tiny_target).generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens, **config))
 
     return run
 
@@ -85,8 +84,9 @@ def baseline(tiny_target):
 def test_completion_greedy_equals_plain_target(client, baseline, drafter, stream):
     expected = baseline(PROMPT, 40)
     spec = {"speculative": {"drafter": drafter, **FIXED}}
-    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0,
-                                         stream=stream, extra_body=spec)
+    response = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stream=stream, extra_body=spec
+    )
     if stream:
         chunks = list(response)
         text = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -116,8 +116,14 @@ def test_chat_greedy_equals_plain_target(client, baseline, stream):
     # The tiny tokenizer has no chat template: the server falls back to a plain transcript.
     expected = baseline("system: be brief\nuser: hi\nassistant:", 24)
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
-                                              stream=stream, extra_body={"speculative": {"drafter": "model"}})
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=24,
+        temperature=0,
+        stream=stream,
+        extra_body={"speculative": {"drafter": "model"}},
+    )
     if stream:
         chunks = list(response)
         assert chunks[0].choices[0].delta.role == "assistant"
@@ -136,10 +142,18 @@ def test_chat_greedy_equals_plain_target(client, baseline, stream):
 def test_stop_sequence_and_usage_chunk(client, baseline):
     expected = baseline(PROMPT, 60, stop=("K",))
     assert expected.metrics.finish_reason == "stop", "the test prompt must reach the stop string"
-    chunks = list(client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=60, temperature=0, stop=["K"], stream=True,
-        stream_options={"include_usage": True}, extra_body={"speculative": {"drafter": "ngram"}},
-    ))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=60,
+            temperature=0,
+            stop=["K"],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"speculative": {"drafter": "ngram"}},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == expected.text and "K" not in text
     assert chunks[-2].choices[0].finish_reason == "stop"
@@ -148,8 +162,19 @@ def test_stop_sequence_and_usage_chunk(client, baseline):
 
 def test_seeded_sampling_is_reproducible(client):
     def sample(seed: int) -> str:
-        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0.9, top_p=0.95,
-                                         seed=seed, extra_body={"speculative": FIXED}).choices[0].text
+        return (
+            client.completions.create(
+                model=MODEL,
+                prompt=PROMPT,
+                max_tokens=30,
+                temperature=0.9,
+                top_p=0.95,
+                seed=seed,
+                extra_body={"speculative": FIXED},
+            )
+            .choices[0]
+            .text
+        )
 
     first = sample(7)
     assert sample(7) == first
@@ -158,10 +183,16 @@ def test_seeded_sampling_is_reproducible(client):
 
 def test_stream_provenance(client, baseline):
     expected = baseline(PROMPT, 40)
-    chunks = list(client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
-        extra_body={"speculative": {"drafter": "model", "provenance": True, **FIXED}},
-    ))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            extra_body={"speculative": {"drafter": "model", "provenance": True, **FIXED}},
+        )
+    )
     tokens = [t for c in chunks for t in (c.provenance or [])]
     assert [t["id"] for t in tokens] == expected.tokens
     stats = chunks[-1].speculative
@@ -186,8 +217,9 @@ def test_concurrent_streaming_clients(server, baseline):
     client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
 
     async def one(prompt: str) -> str:
-        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=48, temperature=0,
-                                                 stream=True, extra_body={"speculative": FIXED})
+        stream = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=48, temperature=0, stream=True, extra_body={"speculative": FIXED}
+        )
         return "".join([c.choices[0].text async for c in stream if c.choices])
 
     async def all_of_them() -> list[str]:
@@ -213,10 +245,16 @@ def test_metrics_counters_move(tiny_target, tiny_near_draft):
         client = _client(url)
         before = _metrics(url)
         assert before[("draftwise_generated_tokens_total", ())] == 0
-        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0,
-                                  extra_body={"speculative": {"drafter": "model", **FIXED}})
-        response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
-                                             extra_body={"speculative": {"drafter": "off"}})
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=30,
+            temperature=0,
+            extra_body={"speculative": {"drafter": "model", **FIXED}},
+        )
+        response = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body={"speculative": {"drafter": "off"}}
+        )
         after = _metrics(url)
         stats = response.speculative
         assert after[("draftwise_generated_tokens_total", ())] == 42
@@ -258,8 +296,11 @@ def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
 
         def all_cancelled() -> bool:
             m = _metrics(url)
-            return (m.get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),)), 0) == 2
-                    and m[("draftwise_active_generations", ())] == 0 and m[("draftwise_queue_depth", ())] == 0)
+            return (
+                m.get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),)), 0) == 2
+                and m[("draftwise_active_generations", ())] == 0
+                and m[("draftwise_queue_depth", ())] == 0
+            )
 
         _wait_for(all_cancelled)
         m = _metrics(url)
@@ -280,8 +321,7 @@ def test_request_timeout(tiny_target):
         assert timed_out.value.status_code == 504
         assert timed_out.value.body["code"] == "request_timeout"
         with pytest.raises(openai.APIError, match="longer than"):
-            for _ in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3000, temperature=0,
-                                               stream=True):
+            for _ in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3000, temperature=0, stream=True):
                 pass
         _wait_for(lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "timeout"),))) == 2)
         assert _metrics(url)[("draftwise_generated_tokens_total", ())] < 1500
@@ -290,10 +330,14 @@ def test_request_timeout(tiny_target):
 def test_non_streaming_disconnect_cancels(tiny_target):
     for url in _serve(tiny_target):
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{url}/v1/completions",
-                       json={"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "temperature": 0},
-                       timeout=httpx.Timeout(5.0, read=0.5))
-        _wait_for(lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),))) == 1)
+            httpx.post(
+                f"{url}/v1/completions",
+                json={"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "temperature": 0},
+                timeout=httpx.Timeout(5.0, read=0.5),
+            )
+        _wait_for(
+            lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),))) == 1
+        )
         assert _metrics(url)[("draftwise_generated_tokens_total", ())] < 1500
 
 

@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 pytest.importorskip("fastapi")
 
-from draftwise.cli import build_app  # noqa: E402
-from draftwise.cli.serve import _recommended  # noqa: E402
+from draftwise.cli import build_app
+from draftwise.cli.serve import _recommended
 
 
 def test_serve_defaults_follow_the_registry():

@@ -13,6 +13,7 @@ httpx = pytest.importorskip("httpx")
 
 from draftwise.api.app import create_app  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
+
 from server_support import serve_in_background  # noqa: E402
 
 MODEL = "tiny:0"
@@ -65,11 +66,19 @@ def _error(response: httpx.Response, status: int) -> dict:
         ("/v1/completions", {**OK, "prompt": "x" * 100}, "prompt", "maximum context length is 64"),
         ("/v1/completions", {**OK, "max_tokens": 100}, "prompt", "maximum context length is 64"),
         ("/v1/chat/completions", {**CHAT, "messages": []}, "messages", "at least 1"),
-        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role",
-         "system"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "wizard", "content": "x"}]},
+            "messages.0.role",
+            "system",
+        ),
         ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user"}]}, "messages.0.content", "required"),
-        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x" * 200}]}, "messages",
-         "maximum context length"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": "x" * 200}]},
+            "messages",
+            "maximum context length",
+        ),
     ],
 )
 def test_bad_input_is_a_400_that_says_why(url, path, body, param, says):
@@ -80,8 +89,9 @@ def test_bad_input_is_a_400_that_says_why(url, path, body, param, says):
 
 
 def test_malformed_json_and_unknown_model_and_route(url):
-    error = _error(httpx.post(f"{url}/v1/completions", content=b"{not json",
-                              headers={"content-type": "application/json"}), 400)
+    error = _error(
+        httpx.post(f"{url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400
+    )
     assert "JSON" in error["message"]
     error = _error(httpx.post(f"{url}/v1/completions", json={**OK, "model": "gpt-4"}), 404)
     assert error["code"] == "model_not_found" and "tiny:0" in error["message"]
@@ -94,8 +104,9 @@ def test_openai_client_sees_bad_request(url):
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=-1)
     with pytest.raises(openai.BadRequestError, match="speculative.k_polcy: unknown field"):
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                       extra_body={"speculative": {"k_polcy": "fixed"}})
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body={"speculative": {"k_polcy": "fixed"}}
+        )
     # The server still answers well-formed requests afterwards.
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0).usage.completion_tokens == 3
 
@@ -165,8 +176,12 @@ def test_oversize_or_chunked_bodies_are_refused_before_they_are_read(guarded_url
     error = _error(httpx.post(f"{guarded_url}/v1/completions", json=big, headers=headers), 413)
     assert "max_body_bytes of 2048" in error["message"]
     chunks = (part for part in [b'{"model": "tiny:0", ', b'"prompt": "hi"}'])
-    _error(httpx.post(f"{guarded_url}/v1/completions", content=chunks,
-                      headers={**headers, "Content-Type": "application/json"}), 411)
+    _error(
+        httpx.post(
+            f"{guarded_url}/v1/completions", content=chunks, headers={**headers, "Content-Type": "application/json"}
+        ),
+        411,
+    )
     # Still serving afterwards.
     assert httpx.post(f"{guarded_url}/v1/completions", json=OK, headers=headers).status_code == 200
 
@@ -210,8 +225,9 @@ def _completion_text(response: httpx.Response, stream: bool) -> str:
     ],
 )
 def test_vanishing_temperature_or_top_p_samples_the_argmax(url, sampling, stream):
-    greedy = _completion_text(httpx.post(f"{url}/v1/completions", json={**OK, "max_tokens": 6, "temperature": 0}),
-                              stream=False)
+    greedy = _completion_text(
+        httpx.post(f"{url}/v1/completions", json={**OK, "max_tokens": 6, "temperature": 0}), stream=False
+    )
     body = {**OK, "max_tokens": 6, **sampling, "stream": stream}
     assert _completion_text(_post_json(url, "/v1/completions", body), stream) == greedy
 
@@ -223,11 +239,12 @@ def test_vanishing_temperature_or_top_p_samples_the_argmax(url, sampling, stream
         ("/v1/completions", {**OK, "prompt": "ok \udfff ok"}, "prompt"),
         ("/v1/completions", {**OK, "prompt": ["\ud800"]}, "prompt"),
         ("/v1/completions", {**OK, "stop": "\ud800"}, "stop"),
-        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "\ud800"}]},
-         "messages.0.content"),
-        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text",
-                                                                                      "text": "\ud800"}]}]},
-         "messages.0.content"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "\ud800"}]}, "messages.0.content"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+            "messages.0.content",
+        ),
     ],
 )
 def test_text_that_is_not_unicode_is_a_400(url, path, body, param):

@@ -6,12 +6,12 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from draftwise.api.errors import APIError  # noqa: E402
-from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest  # noqa: E402
-from draftwise.api.settings import ServerSettings  # noqa: E402
-from draftwise.api.translate import encode_chat, plan  # noqa: E402
-from draftwise.backends.tiny import tiny_tokenizer  # noqa: E402
-from draftwise.config import DraftConfig, GenerationConfig  # noqa: E402
+from draftwise.api.errors import APIError
+from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest
+from draftwise.api.settings import ServerSettings
+from draftwise.api.translate import encode_chat, plan
+from draftwise.backends.tiny import tiny_tokenizer
+from draftwise.config import DraftConfig, GenerationConfig
 
 TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
@@ -45,18 +45,25 @@ def test_chat_template_refusal_is_a_400():
 
 def test_chat_text_parts_are_joined(tiny_target):
     request = ChatCompletionRequest(
-        model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+        model="m",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
     )
     assert tiny_target.tokenizer.decode(encode_chat(request, tiny_target.tokenizer)) == "user: ab\nassistant:"
 
 
 def test_plan_defaults_overrides_and_context():
     settings = ServerSettings(
-        target="t", draft="d",
+        target="t",
+        draft="d",
         generation=GenerationConfig(max_new_tokens=50, draft=DraftConfig(k_policy="heuristic", k=3)),
     )
-    request = CompletionRequest(model="t", prompt="x", temperature=0, stop="END",
-                                speculative={"k": 6, "confidence_threshold": 0.2, "provenance": True})
+    request = CompletionRequest(
+        model="t",
+        prompt="x",
+        temperature=0,
+        stop="END",
+        speculative={"k": 6, "confidence_threshold": 0.2, "provenance": True},
+    )
     p = plan(request, [1, 2, 3], settings, context_limit=1000, has_draft=True)
     assert p.drafter == "hybrid" and p.provenance  # the default with a draft model
     assert p.config.max_new_tokens == 50 and p.config.stop == ("END",)

@@ -10,15 +10,14 @@ from statistics import mean
 
 import pytest
 
-from draftwise.bench.config import BenchConfig
-from draftwise.bench.dataset import DatasetError, load_prompts
-from draftwise.bench.runner import run_bench
+from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.bench.analysis import OVERALL, predicted_speedup, prompt_rate
 from draftwise.bench.audit import NEAR_TIE, audit_prompt, first_difference
-from draftwise.bench.runner import RESULTS, PromptBuilder
+from draftwise.bench.config import BenchConfig
+from draftwise.bench.dataset import DatasetError, load_prompts
+from draftwise.bench.runner import RESULTS, PromptBuilder, run_bench
 from draftwise.config import GenerationConfig
 from draftwise.policies import expected_speedup
-from draftwise.backends.tiny import tiny_tokenizer
 
 ROWS = [
     {"id": "p1", "subtask": "alpha", "prompt": "The cat sat on the mat. The cat sat on"},
@@ -34,8 +33,15 @@ METHODS = (*DRAFTWISE, "hf-assisted", "hf-pld", "hf-baseline")
 def _config(tmp_path: Path, **overrides) -> BenchConfig:
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    settings = {"target": "tiny:0", "draft": "tiny:1", "data": str(data), "out": tmp_path / "out",
-                "warmup": False, "generation": GenerationConfig(max_new_tokens=12), "methods": METHODS}
+    settings = {
+        "target": "tiny:0",
+        "draft": "tiny:1",
+        "data": str(data),
+        "out": tmp_path / "out",
+        "warmup": False,
+        "generation": GenerationConfig(max_new_tokens=12),
+        "methods": METHODS,
+    }
     return BenchConfig(**{**settings, **overrides})
 
 
@@ -125,8 +131,10 @@ def test_second_turn_feeds_the_models_own_answer(finished) -> None:
     _, records, _, _ = finished
     builder = PromptBuilder(tiny_tokenizer(), use_chat=True)
     for method in METHODS:
-        first, second = (next(r for r in records if r["method"] == method and r["prompt_id"] == "p3"
-                              and r["turn"] == t) for t in (0, 1))
+        first, second = (
+            next(r for r in records if r["method"] == method and r["prompt_id"] == "p3" and r["turn"] == t)
+            for t in (0, 1)
+        )
         assert second["prompt_tokens"] == len(builder.ids(ROWS[2]["turns"], [first["text"]]))
         assert second["chat_template"] is False  # the tiny tokenizer has none
 
@@ -175,8 +183,14 @@ def test_config_change_gets_fresh_results(tmp_path: Path) -> None:
 def test_spec_bench_selection_is_deterministic_and_balanced() -> None:
     everything = load_prompts("spec_bench")
     assert len(everything) == 480
-    assert {p.subtask for p in everything} == {"mt_bench", "translation", "summarization", "qa",
-                                               "math_reasoning", "rag"}
+    assert {p.subtask for p in everything} == {
+        "mt_bench",
+        "translation",
+        "summarization",
+        "qa",
+        "math_reasoning",
+        "rag",
+    }
     mt = load_prompts("spec_bench", ["mt_bench"], limit=8)
     assert len({p.category for p in mt}) == 8 and all(len(p.turns) == 2 for p in mt)
     picked = load_prompts("spec_bench", ["qa", "rag"], limit=3)
@@ -184,11 +198,14 @@ def test_spec_bench_selection_is_deterministic_and_balanced() -> None:
     assert picked == load_prompts("spec_bench", ["qa", "rag"], limit=3)
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ('{"prompt": "ok"}\n{broken\n', "line 2: not valid JSON"),
-    ('{"text": "no prompt"}\n', "line 1: needs a 'prompt' string or a 'turns' list"),
-    ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', "prompt id '1' appears more than once"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"prompt": "ok"}\n{broken\n', "line 2: not valid JSON"),
+        ('{"text": "no prompt"}\n', "line 1: needs a 'prompt' string or a 'turns' list"),
+        ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', "prompt id '1' appears more than once"),
+    ],
+)
 def test_bad_prompt_files_say_what_is_wrong(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
@@ -222,8 +239,21 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_runs_the_bench_end_to_end(tmp_path: Path) -> None:
     config = _config(tmp_path)  # writes the prompt file
-    done = _cli("--target", "tiny:0", "--draft", "tiny:1", "--data", config.data, "--out", str(config.out),
-                "--max-new-tokens", "6", "--limit", "1", "--no-progress")
+    done = _cli(
+        "--target",
+        "tiny:0",
+        "--draft",
+        "tiny:1",
+        "--data",
+        config.data,
+        "--out",
+        str(config.out),
+        "--max-new-tokens",
+        "6",
+        "--limit",
+        "1",
+        "--no-progress",
+    )
     assert done.returncode == 0, done.stderr
     assert (config.out / "report.md").exists() and "report:" in done.stderr
     assert len(_lines(config.out)) == 3 * len(DRAFTWISE)  # p1 and both turns of p3; the default methods
@@ -231,19 +261,23 @@ def test_cli_runs_the_bench_end_to_end(tmp_path: Path) -> None:
     assert summary["config"]["generation"]["max_new_tokens"] == 6
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("--subtasks", "nope"), "unknown subtask(s) nope"),
-    (("--methods", "baseline,magic"), "methods"),
-    (("--data", "/no/such/file.jsonl"), "prompt file not found"),
-    (("--temperature", "-1"), "temperature"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--subtasks", "nope"), "unknown subtask(s) nope"),
+        (("--methods", "baseline,magic"), "methods"),
+        (("--data", "/no/such/file.jsonl"), "prompt file not found"),
+        (("--temperature", "-1"), "temperature"),
+    ],
+)
 def test_cli_errors_are_one_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     from typer.testing import CliRunner
 
     from draftwise.cli import build_app
 
-    done = CliRunner().invoke(build_app(), ["bench", "--target", "tiny:0", "--draft", "tiny:1",
-                                            "--out", str(tmp_path / "out"), *args])
+    done = CliRunner().invoke(
+        build_app(), ["bench", "--target", "tiny:0", "--draft", "tiny:1", "--out", str(tmp_path / "out"), *args]
+    )
     assert done.exit_code == 2
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()

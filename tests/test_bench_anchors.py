@@ -15,8 +15,13 @@ from statistics import mean
 
 import pytest
 
-from draftwise.backends.anchors_llamacpp import (LlamaCppSpecMethod, _run_binary, parse_generated, parse_timings,
-                                                 spec_trace)
+from draftwise.backends.anchors_llamacpp import (
+    LlamaCppSpecMethod,
+    _run_binary,
+    parse_generated,
+    parse_timings,
+    spec_trace,
+)
 from draftwise.bench.analysis import OVERALL, decode_rate, prompt_decode_rate, summarize
 from draftwise.bench.config import BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt
@@ -38,11 +43,23 @@ TIMES = {
 
 def _record(method: str, prompt: Prompt, new: int, wall: float, ttft: float | None) -> dict:
     timed = ttft is not None
-    return {"method": method, "prompt_id": prompt.id, "subtask": prompt.subtask, "turn": 0,
-            "new_tokens": new, "tokens": list(range(new)), "wall_seconds": wall, "ttft_seconds": ttft,
-            "timed_deliveries": timed, "arrivals": [ttft, wall] if timed else [wall],
-            "step_tokens": [1, new - 1] if timed else [new], "steps": None, "metrics": None,
-            "rollback_seconds": None, "perplexity": 2.0}
+    return {
+        "method": method,
+        "prompt_id": prompt.id,
+        "subtask": prompt.subtask,
+        "turn": 0,
+        "new_tokens": new,
+        "tokens": list(range(new)),
+        "wall_seconds": wall,
+        "ttft_seconds": ttft,
+        "timed_deliveries": timed,
+        "arrivals": [ttft, wall] if timed else [wall],
+        "step_tokens": [1, new - 1] if timed else [new],
+        "steps": None,
+        "metrics": None,
+        "rollback_seconds": None,
+        "perplexity": 2.0,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +104,15 @@ def test_speedups_over_each_anchor_with_and_without_prefill(summary) -> None:
 def test_untimed_deliveries_are_unknown_not_zero(summary) -> None:
     spec = summary["groups"][OVERALL]["llamacpp-spec"]
     assert spec["tokens_per_second"] == pytest.approx(10.0) and spec["speedup"] == pytest.approx(10 / 6.25)
-    for key in ("ttft_seconds", "latency_p50_ms", "mean_accepted_length", "passes_per_token", "target_passes",
-                "decode_tokens_per_second", "decode_speedup"):
+    for key in (
+        "ttft_seconds",
+        "latency_p50_ms",
+        "mean_accepted_length",
+        "passes_per_token",
+        "target_passes",
+        "decode_tokens_per_second",
+        "decode_speedup",
+    ):
         assert spec[key] is None, key
     assert spec["tokens_per_pass_histogram"] == {}
     assert summary["groups"][OVERALL]["ngram"]["mean_accepted_length"] == pytest.approx(32 / 4)
@@ -114,16 +138,18 @@ class _CharTokenizer:
         return [ord(c) for c in text]
 
 
-@pytest.mark.parametrize(("text", "decoded", "tokens", "reason", "wall"), [
-    ("abc", 4, [97, 98, 99, 0], "eos", 0.75),  # the 4th sampled token, EOS, is counted, not printed
-    ("abcd", 5, [97, 98, 99, 100, 0], "eos", 0.75),  # EOS as the 5th token
-    ("abcde", 5, [97, 98, 99, 100, 101], "length", 0.75),
-    # The last step went 3 tokens past 5: 5/8 of the decode time is kept.
-    ("abcdefgh", 8, [97, 98, 99, 100, 101], "length", 0.25 + 0.5 * 5 / 8),
-    ("abcdef", 7, [97, 98, 99, 100, 101], "length", 0.25 + 0.5 * 5 / 7),  # EOS past the 5 asked for
-])
-def test_spec_trace_from_text_and_timings(text: str, decoded: int, tokens: list[int], reason: str,
-                                          wall: float) -> None:
+@pytest.mark.parametrize(
+    ("text", "decoded", "tokens", "reason", "wall"),
+    [
+        ("abc", 4, [97, 98, 99, 0], "eos", 0.75),  # the 4th sampled token, EOS, is counted, not printed
+        ("abcd", 5, [97, 98, 99, 100, 0], "eos", 0.75),  # EOS as the 5th token
+        ("abcde", 5, [97, 98, 99, 100, 101], "length", 0.75),
+        # The last step went 3 tokens past 5: 5/8 of the decode time is kept.
+        ("abcdefgh", 8, [97, 98, 99, 100, 101], "length", 0.25 + 0.5 * 5 / 8),
+        ("abcdef", 7, [97, 98, 99, 100, 101], "length", 0.25 + 0.5 * 5 / 7),  # EOS past the 5 asked for
+    ],
+)
+def test_spec_trace_from_text_and_timings(text: str, decoded: int, tokens: list[int], reason: str, wall: float) -> None:
     trace = spec_trace(text, {"encoded": (9, 0.25), "decoded": (decoded, 0.5)}, _CharTokenizer(), 5)
     assert (trace.tokens, trace.finish_reason) == (tokens, reason)
     assert trace.wall_seconds == pytest.approx(wall) and trace.arrivals == [trace.wall_seconds]
@@ -131,8 +157,10 @@ def test_spec_trace_from_text_and_timings(text: str, decoded: int, tokens: list[
 
 
 def test_spec_output_parsing() -> None:
-    stderr = ("I encoded   16 tokens in    0.125 seconds, speed: 128.0 t/s\n"
-              "I decoded   15 tokens in    1.500 seconds, speed: 10.0 t/s\n")
+    stderr = (
+        "I encoded   16 tokens in    0.125 seconds, speed: 128.0 t/s\n"
+        "I decoded   15 tokens in    1.500 seconds, speed: 10.0 t/s\n"
+    )
     assert parse_timings(stderr) == {"encoded": (16, 0.125), "decoded": (15, 1.5)}
     with pytest.raises(BenchError, match="did not report"):
         parse_timings("I encoded 16 tokens in 0.1 seconds\n")
@@ -155,11 +183,13 @@ def test_spec_failures_are_bench_errors(tmp_path: Path) -> None:
 # --- on a real model ---------------------------------------------------------------------
 
 SMOL = "smollm2-135m"
-ROWS = [{"id": "copy", "prompt": "Repeat this sentence twice: the cat sat on the mat."},
-        {"id": "count", "prompt": "List the numbers from 1 to 10, separated by commas."},
-        # Longer than one 512-token batch: prefill in pieces, and llama-cpp-python's score
-        # buffer must hold it (see LlamaCppPythonMethod).
-        {"id": "long", "prompt": "Summarize in one line: " + "The cat sat on the mat and looked at the dog. " * 60}]
+ROWS = [
+    {"id": "copy", "prompt": "Repeat this sentence twice: the cat sat on the mat."},
+    {"id": "count", "prompt": "List the numbers from 1 to 10, separated by commas."},
+    # Longer than one 512-token batch: prefill in pieces, and llama-cpp-python's score
+    # buffer must hold it (see LlamaCppPythonMethod).
+    {"id": "long", "prompt": "Summarize in one line: " + "The cat sat on the mat and looked at the dog. " * 60},
+]
 needs_smol = pytest.mark.skipif(not is_pulled(REGISTRY[SMOL]), reason=f"run `draftwise pull {SMOL}` first")
 needs_llama_cpp = pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python is not installed")
 
@@ -170,9 +200,17 @@ def _smol_bench(tmp_path: Path, methods: tuple[str, ...], **extra) -> tuple[list
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     # One thread: the anchors' kernels spin-wait, and the test machine's cores are shared.
-    config = BenchConfig(target=SMOL, draft=SMOL, methods=methods, data=str(data), out=tmp_path / "out",
-                         warmup=False, models=ModelOptions(backend="llamacpp", threads=1),
-                         generation=GenerationConfig(max_new_tokens=16), **extra)
+    config = BenchConfig(
+        target=SMOL,
+        draft=SMOL,
+        methods=methods,
+        data=str(data),
+        out=tmp_path / "out",
+        warmup=False,
+        models=ModelOptions(backend="llamacpp", threads=1),
+        generation=GenerationConfig(max_new_tokens=16),
+        **extra,
+    )
     run_bench(config)
     records = [json.loads(x) for x in (config.out / RESULTS).read_text().splitlines()]
     return records, json.loads((config.out / "summary.json").read_text())
@@ -210,13 +248,16 @@ def test_llama_cpp_python_anchors_match_greedy_baseline(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("DRAFTWISE_LLAMA_CPP_BIN"),
-                    reason="set DRAFTWISE_LLAMA_CPP_BIN to llama.cpp's bin folder (`make llama-cpp-bin`)")
+@pytest.mark.skipif(
+    not os.environ.get("DRAFTWISE_LLAMA_CPP_BIN"),
+    reason="set DRAFTWISE_LLAMA_CPP_BIN to llama.cpp's bin folder (`make llama-cpp-bin`)",
+)
 @needs_llama_cpp
 @needs_smol
 def test_llama_cpp_spec_binary_matches_greedy_baseline(tmp_path: Path) -> None:
-    records, summary = _smol_bench(tmp_path, ("baseline", "llamacpp-spec"),
-                                   llama_cpp_bin=Path(os.environ["DRAFTWISE_LLAMA_CPP_BIN"]))
+    records, summary = _smol_bench(
+        tmp_path, ("baseline", "llamacpp-spec"), llama_cpp_bin=Path(os.environ["DRAFTWISE_LLAMA_CPP_BIN"])
+    )
     _assert_greedy_matches_baseline(records, summary, "llamacpp-spec")
     for r in (r for r in records if r["method"] == "llamacpp-spec"):
         assert r["timed_deliveries"] is False and r["ttft_seconds"] is None

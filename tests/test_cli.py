@@ -56,7 +56,10 @@ def odd_tokenizer_model(tmp_path_factory) -> Path:
         (["--target", "tiny:0", "--k", "20", "--k-max", "8"], "k (20) must not exceed k_max (8)"),
         (["--target", "tiny:0", "--drafter", "magic"], "--drafter must be 'model', 'ngram' or 'hybrid'"),
         (["--target", "tiny:0", "--file", "/nowhere/prompt.txt"], "cannot read prompt file"),
-        (["--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", "int3"], "--draft-quant: Input should be 'none', 'int8' or 'int4' (got 'int3')"),
+        (
+            ["--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", "int3"],
+            "--draft-quant: Input should be 'none', 'int8' or 'int4' (got 'int3')",
+        ),
     ],
 )
 def test_user_mistakes_are_one_line_errors(home, args, fragment):
@@ -65,8 +68,9 @@ def test_user_mistakes_are_one_line_errors(home, args, fragment):
 
 
 def test_incompatible_tokenizers_are_one_line_errors(home, odd_tokenizer_model):
-    done = run("generate", "hello", "--target", "tiny:0", "--draft", str(odd_tokenizer_model),
-               "--dtype", "float32", home=home)
+    done = run(
+        "generate", "hello", "--target", "tiny:0", "--draft", str(odd_tokenizer_model), "--dtype", "float32", home=home
+    )
     assert_one_line_error(done, "have different tokenizers: 258 vs 257 tokens")
 
 
@@ -93,9 +97,26 @@ def test_debug_shows_the_traceback_of_a_user_error(home, monkeypatch):
 
 def test_generate_json_with_compare(home):
     done = run(
-        "generate", "abcabcabc", "--target", "tiny:0", "--draft", "tiny:0", "--drafter", "model", "--json", "--compare",
-        "--max-new-tokens", "12", "--ignore-eos", "--k-policy", "fixed", "--k", "3",
-        "--confidence-threshold", "0", home=home,
+        "generate",
+        "abcabcabc",
+        "--target",
+        "tiny:0",
+        "--draft",
+        "tiny:0",
+        "--drafter",
+        "model",
+        "--json",
+        "--compare",
+        "--max-new-tokens",
+        "12",
+        "--ignore-eos",
+        "--k-policy",
+        "fixed",
+        "--k",
+        "3",
+        "--confidence-threshold",
+        "0",
+        home=home,
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
@@ -110,9 +131,26 @@ def test_generate_json_with_compare(home):
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_quantized_draft_keeps_the_output_of_the_plain_target(home, quant):
     done = run(
-        "generate", "abcabcabc", "--target", "tiny:0", "--draft", "tiny:1", "--draft-quant", quant, "--json",
-        "--compare", "--max-new-tokens", "16", "--ignore-eos", "--k-policy", "fixed", "--k", "3",
-        "--confidence-threshold", "0", home=home,
+        "generate",
+        "abcabcabc",
+        "--target",
+        "tiny:0",
+        "--draft",
+        "tiny:1",
+        "--draft-quant",
+        quant,
+        "--json",
+        "--compare",
+        "--max-new-tokens",
+        "16",
+        "--ignore-eos",
+        "--k-policy",
+        "fixed",
+        "--k",
+        "3",
+        "--confidence-threshold",
+        "0",
+        home=home,
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
@@ -122,8 +160,24 @@ def test_quantized_draft_keeps_the_output_of_the_plain_target(home, quant):
 
 def test_hybrid_drafter_through_the_cli_keeps_the_output_of_the_plain_target(home):
     done = run(
-        "generate", "abc abc abc abc", "--target", "tiny:0", "--draft", "tiny:1", "--drafter", "hybrid", "--json",
-        "--compare", "--max-new-tokens", "16", "--ignore-eos", "--k-policy", "fixed", "--k", "3", home=home,
+        "generate",
+        "abc abc abc abc",
+        "--target",
+        "tiny:0",
+        "--draft",
+        "tiny:1",
+        "--drafter",
+        "hybrid",
+        "--json",
+        "--compare",
+        "--max-new-tokens",
+        "16",
+        "--ignore-eos",
+        "--k-policy",
+        "fixed",
+        "--k",
+        "3",
+        home=home,
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
@@ -134,8 +188,19 @@ def test_hybrid_drafter_through_the_cli_keeps_the_output_of_the_plain_target(hom
 
 
 def test_generate_streams_text_and_prints_stats_from_stdin(home):
-    done = run("generate", "-", "--target", "tiny:0", "--drafter", "ngram", "--max-new-tokens", "8",
-               "--ignore-eos", home=home, stdin="the cat the cat the cat")
+    done = run(
+        "generate",
+        "-",
+        "--target",
+        "tiny:0",
+        "--drafter",
+        "ngram",
+        "--max-new-tokens",
+        "8",
+        "--ignore-eos",
+        home=home,
+        stdin="the cat the cat the cat",
+    )
     assert done.returncode == 0, done.stderr
     for label in ("tokens/s", "target passes", "acceptance rate", "mean accepted length", "verify"):
         assert label in done.stdout

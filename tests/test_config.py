@@ -53,8 +53,12 @@ def test_bad_values_are_rejected(cls, kwargs):
 
 def test_good_values_and_defaults():
     cfg = GenerationConfig.model_validate(
-        {"max_new_tokens": 7, "stop": ["\n\n"], "sampling": {"temperature": 0.7, "top_p": 0.9, "seed": 1},
-         "draft": {"k_policy": "fixed", "k": 20, "k_max": 4}}
+        {
+            "max_new_tokens": 7,
+            "stop": ["\n\n"],
+            "sampling": {"temperature": 0.7, "top_p": 0.9, "seed": 1},
+            "draft": {"k_policy": "fixed", "k": 20, "k_max": 4},
+        }
     )
     assert cfg.stop == ("\n\n",) and cfg.sampling.top_p == 0.9 and not cfg.sampling.greedy
     assert cfg.draft.k == 20  # fixed k may exceed k_max: k_max only bounds the adaptive policies

@@ -15,46 +15,70 @@ import pytest
 pytest.importorskip("pandas")
 pytest.importorskip("fastapi")
 
-from dashboard_support import FIXED, MODEL, live_api, tiny_bench  # noqa: E402
+from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.dashboard import charts
+from draftwise.dashboard.client import ApiClient, DashboardApiError, RunRequest
+from draftwise.dashboard.live import LiveRun, compare
+from draftwise.dashboard.render import legend_html, token_title, tokens_html, visible
+from draftwise.dashboard.report import ReportError, load_bench, method_table, record_table
+from draftwise.drafters import ModelDrafter
+from draftwise.engine import SpeculativeEngine
+from draftwise.target import LocalTarget
 
-from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig  # noqa: E402
-from draftwise.dashboard import charts  # noqa: E402
-from draftwise.dashboard.client import ApiClient, DashboardApiError, RunRequest  # noqa: E402
-from draftwise.dashboard.live import LiveRun, compare  # noqa: E402
-from draftwise.dashboard.render import legend_html, token_title, tokens_html, visible  # noqa: E402
-from draftwise.dashboard.report import ReportError, load_bench, method_table, record_table  # noqa: E402
-from draftwise.drafters import ModelDrafter  # noqa: E402
-from draftwise.engine import SpeculativeEngine  # noqa: E402
-from draftwise.target import LocalTarget  # noqa: E402
+from dashboard_support import FIXED, MODEL, live_api, tiny_bench
 
 PROMPT = "Once upon a time"
 
 
 def _token(id_: int, text: str, source: str, **extra) -> dict:
-    return {"id": id_, "text": text, "source": source, "draft_prob": None, "target_prob": None, "rejected": None,
-            **extra}
+    return {
+        "id": id_,
+        "text": text,
+        "source": source,
+        "draft_prob": None,
+        "target_prob": None,
+        "rejected": None,
+        **extra,
+    }
 
 
 def _step(index: int, k: int, proposed: list[tuple[int, str]], n_accepted: int) -> dict:
-    return {"index": index, "k": k, "n_accepted": n_accepted, "prefill_seconds": 0.5 if index == 0 else 0.0,
-            "draft_seconds": 0.01, "verify_seconds": 0.02, "step_seconds": 0.04,
-            "proposed": [{"id": i, "text": t, "draft_prob": 0.9, "target_prob": 0.1 * (n + 1)}
-                         for n, (i, t) in enumerate(proposed)]}
+    return {
+        "index": index,
+        "k": k,
+        "n_accepted": n_accepted,
+        "prefill_seconds": 0.5 if index == 0 else 0.0,
+        "draft_seconds": 0.01,
+        "verify_seconds": 0.02,
+        "step_seconds": 0.04,
+        "proposed": [
+            {"id": i, "text": t, "draft_prob": 0.9, "target_prob": 0.1 * (n + 1)} for n, (i, t) in enumerate(proposed)
+        ],
+    }
 
 
 def _chunks() -> list[dict]:
     """Three target passes: a correction after one accepted token (two proposals thrown away),
     a fully accepted block with its bonus, then a step from a server that sends no ``step``."""
     return [
-        {"choices": [{"text": "a<", "finish_reason": None}], "provenance": [
-            _token(10, "a", "accepted", draft_prob=0.9, target_prob=0.8), _token(11, "<", "corrected")],
-         "step": _step(0, 4, [(10, "a"), (20, "x"), (21, "y")], 1)},
-        {"choices": [{"text": "bc\x07", "finish_reason": None}], "provenance": [
-            _token(12, "b", "accepted", draft_prob=0.7, target_prob=0.6),
-            _token(13, "c", "accepted", draft_prob=0.5, target_prob=0.9), _token(7, "\x07", "bonus")],
-         "step": _step(1, 2, [(12, "b"), (13, "c")], 2)},
-        {"choices": [{"text": "d", "finish_reason": None}], "provenance": [
-            _token(14, "d", "corrected", rejected={"id": 30, "draft_prob": 0.4, "target_prob": 0.05})]},
+        {
+            "choices": [{"text": "a<", "finish_reason": None}],
+            "provenance": [_token(10, "a", "accepted", draft_prob=0.9, target_prob=0.8), _token(11, "<", "corrected")],
+            "step": _step(0, 4, [(10, "a"), (20, "x"), (21, "y")], 1),
+        },
+        {
+            "choices": [{"text": "bc\x07", "finish_reason": None}],
+            "provenance": [
+                _token(12, "b", "accepted", draft_prob=0.7, target_prob=0.6),
+                _token(13, "c", "accepted", draft_prob=0.5, target_prob=0.9),
+                _token(7, "\x07", "bonus"),
+            ],
+            "step": _step(1, 2, [(12, "b"), (13, "c")], 2),
+        },
+        {
+            "choices": [{"text": "d", "finish_reason": None}],
+            "provenance": [_token(14, "d", "corrected", rejected={"id": 30, "draft_prob": 0.4, "target_prob": 0.05})],
+        },
         {"choices": [{"text": "", "finish_reason": "length"}], "speculative": {"tokens_per_second": 42.0}},
     ]
 
@@ -71,8 +95,11 @@ def test_chunks_become_tokens_and_steps() -> None:
     assert run.text == "a<bc\x07d" and run.finish_reason == "length"
     assert [t.source for t in run.tokens] == ["accepted", "corrected", "accepted", "accepted", "bonus", "corrected"]
     assert [t.step for t in run.tokens] == [0, 0, 1, 1, 1, 2]
-    assert [(s.k, s.proposed, s.accepted, s.emitted) for s in run.steps] == [(4, 3, 1, 2), (2, 2, 2, 3),
-                                                                              (None, 1, 0, 1)]
+    assert [(s.k, s.proposed, s.accepted, s.emitted) for s in run.steps] == [
+        (4, 3, 1, 2),
+        (2, 2, 2, 3),
+        (None, 1, 0, 1),
+    ]
     correction = run.tokens[1]
     # The target rejected "x" (judged); "y" came after the rejection and was thrown away unjudged.
     assert [(d.text, d.checked) for d in correction.rejected] == [("x", True), ("y", False)]
@@ -138,20 +165,56 @@ def test_compare_runs() -> None:
 
 
 def test_request_body_and_one_line_errors() -> None:
-    request = RunRequest.build(prompt="hi", chat=True, drafter="ngram", k_policy="fixed", k=3, k_max=12,
-                               confidence_threshold=0.0, temperature=0.7, seed=5, max_tokens=16)
+    request = RunRequest.build(
+        prompt="hi",
+        chat=True,
+        drafter="ngram",
+        k_policy="fixed",
+        k=3,
+        k_max=12,
+        confidence_threshold=0.0,
+        temperature=0.7,
+        seed=5,
+        max_tokens=16,
+    )
     body = request.body("m")
     assert body["messages"] == [{"role": "user", "content": "hi"}] and "prompt" not in body
-    assert body["speculative"] == {"drafter": "ngram", "provenance": True, "k_policy": "fixed", "k": 3, "k_max": 12,
-                                   "confidence_threshold": 0.0}
+    assert body["speculative"] == {
+        "drafter": "ngram",
+        "provenance": True,
+        "k_policy": "fixed",
+        "k": 3,
+        "k_max": 12,
+        "confidence_threshold": 0.0,
+    }
     assert (body["seed"], body["temperature"], body["max_tokens"], body["stream"]) == (5, 0.7, 16, True)
     assert request.body("m", drafter="off")["speculative"]["drafter"] == "off"
     with pytest.raises(DashboardApiError, match=r"invalid drafting settings: k \(9\) must not exceed k_max \(4\)"):
-        RunRequest.build(prompt="hi", chat=False, drafter="model", k_policy="heuristic", k=9, k_max=4,
-                         confidence_threshold=0.5, temperature=0.0, seed=None, max_tokens=8)
+        RunRequest.build(
+            prompt="hi",
+            chat=False,
+            drafter="model",
+            k_policy="heuristic",
+            k=9,
+            k_max=4,
+            confidence_threshold=0.5,
+            temperature=0.0,
+            seed=None,
+            max_tokens=8,
+        )
     with pytest.raises(DashboardApiError, match="the prompt is empty"):
-        RunRequest.build(prompt="  ", chat=False, drafter="model", k_policy="fixed", k=2, k_max=4,
-                         confidence_threshold=0.5, temperature=0.0, seed=None, max_tokens=8)
+        RunRequest.build(
+            prompt="  ",
+            chat=False,
+            drafter="model",
+            k_policy="fixed",
+            k=2,
+            k_max=4,
+            confidence_threshold=0.5,
+            temperature=0.0,
+            seed=None,
+            max_tokens=8,
+        )
 
 
 def _closed_port() -> int:
@@ -178,8 +241,9 @@ def api(tiny_target, tiny_near_draft):
 
 def test_live_stream_matches_the_engine(api, tiny_target, tiny_near_draft) -> None:
     """The real SSE stream, parsed, gives the engine's own steps: tokens, k, proposals, acceptances."""
-    request = RunRequest.build(prompt=PROMPT, chat=False, drafter="model", temperature=0.0, seed=None, max_tokens=40,
-                               **FIXED)
+    request = RunRequest.build(
+        prompt=PROMPT, chat=False, drafter="model", temperature=0.0, seed=None, max_tokens=40, **FIXED
+    )
     run = LiveRun(drafter="model")
     for i, chunk in enumerate(ApiClient(api).stream(request.body(MODEL))):
         run.add_chunk(chunk, 0.01 * (i + 1))
@@ -187,14 +251,13 @@ def test_live_stream_matches_the_engine(api, tiny_target, tiny_near_draft) -> No
     engine = SpeculativeEngine(LocalTarget(tiny_target), ModelDrafter(tiny_near_draft), tiny_target.tokenizer)
     events = engine.generate(PROMPT, config).events
     assert run.token_ids == [t for e in events for t in e.tokens]
-    assert [(s.k, s.proposed, s.accepted) for s in run.steps] == [(e.k, len(e.proposed), e.n_accepted)
-                                                                  for e in events]
+    assert [(s.k, s.proposed, s.accepted) for s in run.steps] == [(e.k, len(e.proposed), e.n_accepted) for e in events]
     corrections = [t for t in run.tokens if t.source == "corrected"]
     assert corrections, "the near draft must be corrected at least once"
     by_step = {e.step: e for e in events}
     for token in corrections:
         event = by_step[token.step]
-        assert [d.id for d in token.rejected] == event.proposed[event.n_accepted:]
+        assert [d.id for d in token.rejected] == event.proposed[event.n_accepted :]
         assert token.rejected[0].checked and not any(d.checked for d in token.rejected[1:])
         assert token.rejected[0].id != token.id  # greedy: the target put its own argmax instead
     assert run.stats is not None and run.stats["target_passes"] == len(events) == run.passes
@@ -205,8 +268,9 @@ def test_missing_draft_model_is_reported(tiny_target) -> None:
     with live_api(tiny_target) as url:
         client = ApiClient(url)
         assert client.health()["draft"] is None
-        request = RunRequest.build(prompt=PROMPT, chat=False, drafter="model", temperature=0.0, seed=None,
-                                   max_tokens=4, **FIXED)
+        request = RunRequest.build(
+            prompt=PROMPT, chat=False, drafter="model", temperature=0.0, seed=None, max_tokens=4, **FIXED
+        )
         with pytest.raises(DashboardApiError, match="HTTP 400.*no draft model; use drafter 'ngram' or 'off'"):
             list(client.stream(request.body(MODEL)))
 
@@ -248,8 +312,11 @@ def test_bench_report_without_summary_and_bad_paths(bench_out: Path, tmp_path: P
     rate = sum(r["new_tokens"] for r in baseline) / sum(r["wall_seconds"] for r in baseline)
     assert table.loc["baseline", "tokens/s"] == pytest.approx(rate)
     assert table.loc["baseline", "speedup"] == pytest.approx(1.0)
-    for path, message in ((tmp_path / "nope", "does not exist"), (tmp_path, "holds no results.jsonl"),
-                          ("", "give the path")):
+    for path, message in (
+        (tmp_path / "nope", "does not exist"),
+        (tmp_path, "holds no results.jsonl"),
+        ("", "give the path"),
+    ):
         with pytest.raises(ReportError, match=message):
             load_bench(path)
 

@@ -9,11 +9,12 @@ import pytest
 
 pytest.importorskip("streamlit")
 pytest.importorskip("fastapi")
-from dashboard_support import FIXED, live_api, tiny_bench  # noqa: E402
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from streamlit.testing.v1 import AppTest
 
-from draftwise.dashboard.client import API_URL_ENV  # noqa: E402
-from draftwise.dashboard.page import BENCH_DIR_ENV  # noqa: E402
+from draftwise.dashboard.client import API_URL_ENV
+from draftwise.dashboard.page import BENCH_DIR_ENV
+
+from dashboard_support import FIXED, live_api, tiny_bench
 
 APP = Path(__file__).resolve().parent.parent / "src" / "draftwise" / "dashboard" / "app.py"
 TIMEOUT = 120  # seconds per script run: the first one imports torch and streams generations

@@ -17,15 +17,24 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import cli_server
 from draftwise.registry import REGISTRY, is_pulled
+
+from cli_support import cli_server
 
 pytest.importorskip("streamlit")
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 STARTUP_S = 300  # the API server and the page both import torch; on a busy 2-core machine that takes a while
 RUN_S = 180
 MAX_TOKENS = 48
@@ -33,8 +42,9 @@ MAX_TOKENS = 48
 # Every test here starts a browser and two servers: slow, whatever the model.
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no Chromium found (apt-get install chromium); .ci/run "
-                       "installs it"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM), reason="no Chromium found (apt-get install chromium); .ci/run installs it"
+    ),
 ]
 
 

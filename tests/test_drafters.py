@@ -15,9 +15,9 @@ from draftwise import (
     SamplingConfig,
     SpeculativeEngine,
 )
-from draftwise.target import LocalTarget
 from draftwise.drafters import Proposal, build_drafter
 from draftwise.policies import Offer
+from draftwise.target import LocalTarget
 from draftwise.verify import Verdict
 
 
@@ -113,7 +113,9 @@ def test_model_drafter_cache_stays_consistent(tiny_target, tiny_near_draft, samp
     engine = SpeculativeEngine(LocalTarget(tiny_target), drafter, tokenizer=tiny_target.tokenizer)
     prompt = tiny_target.tokenizer.encode("Once upon a time")
     cfg = GenerationConfig(
-        max_new_tokens=30, ignore_eos=True, sampling=SamplingConfig(**sampling),
+        max_new_tokens=30,
+        ignore_eos=True,
+        sampling=SamplingConfig(**sampling),
         draft=DraftConfig(k_policy="fixed", k=3, confidence_threshold=0.0),
     )
     context = list(prompt)

@@ -24,12 +24,12 @@ from draftwise import (
     TokenSource,
     autoregressive,
 )
+from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.drafters import EMPTY_PROPOSAL
 from draftwise.lm import sync
 from draftwise.policies import Offer
 from draftwise.stopping import TextStream
 from draftwise.target import LocalTarget, Verification
-from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.verify import verify_greedy
 
 PROMPT = "The cat sat on the mat. The cat sat on the"
@@ -337,8 +337,12 @@ def test_partial_stop_prefix_is_released_at_the_end(tokenizer):
 
 @pytest.mark.parametrize(
     ("drafter", "sampling"),
-    [("near", None), ("random", {"temperature": 0.8, "seed": 3}), ("ngram", {"temperature": 1.0, "top_k": 5, "seed": 1}),
-     ("same", None)],
+    [
+        ("near", None),
+        ("random", {"temperature": 0.8, "seed": 3}),
+        ("ngram", {"temperature": 1.0, "top_k": 5, "seed": 1}),
+        ("same", None),
+    ],
 )
 def test_events_and_metrics_agree(request, tiny_target, drafter, sampling):
     engine = SpeculativeEngine.from_models(tiny_target, make_drafter(request, drafter))
@@ -372,7 +376,9 @@ def test_events_and_metrics_agree(request, tiny_target, drafter, sampling):
     data = json.loads(json.dumps(m.to_dict()))
     assert data["new_tokens"] == 37 and data["finish_reason"] == "length"
     assert sum(data["accepted_length_histogram"].values()) == len(events)
-    assert data["total_seconds"] == pytest.approx(m.prefill_seconds + m.draft_seconds + m.verify_seconds + m.other_seconds)
+    assert data["total_seconds"] == pytest.approx(
+        m.prefill_seconds + m.draft_seconds + m.verify_seconds + m.other_seconds
+    )
     assert result.text == tiny_target.tokenizer.decode(result.tokens, skip_special_tokens=True)
 
 
@@ -390,7 +396,9 @@ def test_seeded_sampling_is_reproducible(request, tiny_target, drafter):
     engine = SpeculativeEngine.from_models(tiny_target, make_drafter(request, drafter) if drafter else None)
 
     def sample(seed: int) -> list[int]:
-        return engine.generate(PROMPT, config(24, sampling={"temperature": 1.0, "seed": seed}, k_policy="fixed", k=3)).tokens
+        return engine.generate(
+            PROMPT, config(24, sampling={"temperature": 1.0, "seed": seed}, k_policy="fixed", k=3)
+        ).tokens
 
     first = sample(11)
     assert sample(11) == first

@@ -37,8 +37,9 @@ from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer  # noqa: E402
 from draftwise.remote.protocol import decode_verify_response, encode_verify_request  # noqa: E402
 from draftwise.remote.server import create_app as create_verifier  # noqa: E402
-from server_support import serve_in_background  # noqa: E402
 from draftwise.remote.settings import VerifierSettings  # noqa: E402
+
+from server_support import serve_in_background  # noqa: E402
 
 pytestmark = pytest.mark.fuzz
 
@@ -51,8 +52,9 @@ CONTEXT = 64  # both servers' max_context: every generation and session stays sm
 # negative_data_rejection: pydantic's lax mode accepts a few values a JSON type forbids
 # (false for an integer is 0); such a request is answered as its coerced value would be.
 NOT_CHECKED = "positive_data_acceptance,negative_data_rejection"
-HYPOTHESIS = settings(max_examples=150, derandomize=True, database=None, deadline=None,
-                      suppress_health_check=list(HealthCheck))
+HYPOTHESIS = settings(
+    max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +76,39 @@ def verifier_url() -> Iterator[str]:
 def _schemathesis(url: str, workdir: Path) -> None:
     """``schemathesis run`` on ``url``'s document; fails with its report unless all passed."""
     command = [
-        sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json", "--checks", "all",
-        "--exclude-checks", NOT_CHECKED, "--max-examples", "40", "--seed", str(SEED), "--generation-database",
-        "none", "--workers", "1", "--header", f"Authorization: Bearer {KEY}", "--suppress-health-check", "all",
-        "--request-timeout", "120", "--no-color", "--output-truncate", "false",
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        NOT_CHECKED,
+        "--max-examples",
+        "40",
+        "--seed",
+        str(SEED),
+        "--generation-database",
+        "none",
+        "--workers",
+        "1",
+        "--header",
+        f"Authorization: Bearer {KEY}",
+        "--suppress-health-check",
+        "all",
+        "--request-timeout",
+        "120",
+        "--no-color",
+        "--output-truncate",
+        "false",
     ]
     tests = str(Path(__file__).parent)
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_checks",
-           "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "fuzz_checks",
+        "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p),
+    }
     # Run in a scratch folder: schemathesis keeps a cache in its working directory.
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=workdir, env=env)
     report = result.stdout[-12000:] + result.stderr[-3000:]
@@ -109,10 +136,15 @@ valid_sampling = st.fixed_dictionaries(
     {"temperature": st.floats(0, 100) | tiny, "top_p": st.floats(0, 1, exclude_min=True) | tiny | st.just(1.0)},
     optional={"top_k": st.integers(0, VOCAB + 5), "seed": st.integers(0, 2**63 - 2)},
 )
-invalid_sampling = st.fixed_dictionaries({}, optional={
-    "temperature": st.sampled_from([-1e-300, 101.0]), "top_p": st.sampled_from([0.0, 1.5]),
-    "top_k": st.just(-1), "seed": st.sampled_from([-1, 2**63]),
-})
+invalid_sampling = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": st.sampled_from([-1e-300, 101.0]),
+        "top_p": st.sampled_from([0.0, 1.5]),
+        "top_k": st.just(-1),
+        "seed": st.sampled_from([-1, 2**63]),
+    },
+)
 sampling = valid_sampling | invalid_sampling
 prompts = st.lists(valid_token, min_size=1, max_size=CONTEXT + 1) | st.lists(token, max_size=4)
 
@@ -178,12 +210,15 @@ text = st.text(st.characters(codec=None), max_size=12)
 any_text = text | st.builds("".join, st.tuples(text, st.characters(categories=["Cs"]), text))
 
 
-api_fields = st.fixed_dictionaries({}, optional={
-    "temperature": st.floats(0, 2) | tiny | st.sampled_from([-0.0, 2.5]),
-    "top_p": st.floats(0, 1) | tiny,
-    "seed": st.integers(0, 2**63 - 2),
-    "max_tokens": st.integers(-1, 8),
-})
+api_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": st.floats(0, 2) | tiny | st.sampled_from([-0.0, 2.5]),
+        "top_p": st.floats(0, 1) | tiny,
+        "seed": st.integers(0, 2**63 - 2),
+        "max_tokens": st.integers(-1, 8),
+    },
+)
 
 
 @HYPOTHESIS
@@ -196,8 +231,9 @@ def test_generation_never_answers_5xx(api_url, fields, prompt, stream, chat):
         body["prompt"] = prompt
     path = "/v1/chat/completions" if chat else "/v1/completions"
     # json.dumps escapes what is not ASCII, so a lone surrogate travels as "\ud800".
-    response = httpx.post(f"{api_url}{path}", content=json.dumps(body), timeout=120,
-                          headers={**AUTH, "content-type": "application/json"})
+    response = httpx.post(
+        f"{api_url}{path}", content=json.dumps(body), timeout=120, headers={**AUTH, "content-type": "application/json"}
+    )
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}

@@ -22,9 +22,7 @@ def test_scripts_read_one_llama_cpp_version():
     # A duplicated pin once made the install script pass "0.3.36\n0.3.36" to pip.
     expected = dict(_pins())["llama-cpp-python"]
     for script in ("install_llama_cpp.sh", "build_llama_cpp.sh"):
-        line = next(
-            ln for ln in (ROOT / "scripts" / script).read_text().splitlines() if ln.startswith("version=")
-        )
+        line = next(ln for ln in (ROOT / "scripts" / script).read_text().splitlines() if ln.startswith("version="))
         command = f'here="{ROOT}"; root="{ROOT}"; {line}; printf %s "$version"'
         out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True)
         assert out.stdout == expected, script

@@ -22,8 +22,8 @@ from draftwise.errors import DraftwiseError, IncompatibleModelsError, ModelLoadE
 from draftwise.loading import choose_backend, llama_cpp_available, load_lm, load_pair
 from draftwise.policies import Offer
 from draftwise.registry import REGISTRY, is_pulled, model_path
-from test_sampling_stats import ALPHA, as_dist, chi2_pvalue
 from draftwise.verify import logits_to_probs
+from test_sampling_stats import ALPHA, as_dist, chi2_pvalue
 
 pytestmark = [
     pytest.mark.slow,
@@ -32,8 +32,14 @@ pytestmark = [
 ]
 SMOL = "smollm2-135m"
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
-TEXTS = ["Hello world", " leading space", "naïve café, 東京 and emoji 😀", "<|im_start|>user\nhi<|im_end|>",
-         "def f(x):\n\treturn x ** 2  # tabs\n", "a" * 50]
+TEXTS = [
+    "Hello world",
+    " leading space",
+    "naïve café, 東京 and emoji 😀",
+    "<|im_start|>user\nhi<|im_end|>",
+    "def f(x):\n\treturn x ** 2  # tabs\n",
+    "a" * 50,
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +66,9 @@ def test_the_gguf_tokenizer_agrees_with_transformers_on_ids_text_and_chat(smol, 
     ours = smol.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     theirs = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert ours == theirs
-    assert smol.tokenizer.encode(ours, add_special_tokens=False) == hf_tokenizer.encode(theirs, add_special_tokens=False)
+    assert smol.tokenizer.encode(ours, add_special_tokens=False) == hf_tokenizer.encode(
+        theirs, add_special_tokens=False
+    )
     assert smol.tokenizer.get_vocab() == hf_tokenizer.get_vocab()
     assert set(hf_tokenizer.all_special_ids) & set(smol.eos_token_ids)
 
@@ -146,8 +154,9 @@ class RandomDrafter:
 
 @pytest.mark.parametrize("drafter", ["self", "random", "ngram"])
 def test_greedy_speculation_equals_plain_decoding_up_to_near_ties(smol, drafter):
-    config = GenerationConfig(max_new_tokens=48, ignore_eos=True,
-                              draft=DraftConfig(k_policy="fixed", k=4, confidence_threshold=0.0))
+    config = GenerationConfig(
+        max_new_tokens=48, ignore_eos=True, draft=DraftConfig(k_policy="fixed", k=4, confidence_threshold=0.0)
+    )
     ids = smol.tokenizer.encode(PROMPT)
     plain = autoregressive(smol).generate(ids, config)
     draft = {"self": smol.fork(), "random": RandomDrafter(smol.vocab_size), "ngram": NGramDrafter()}[drafter]
@@ -175,8 +184,12 @@ def test_sampled_speculation_follows_the_target_distribution(smol):
     engine = SpeculativeEngine.from_models(smol, draft)
     counts, outcomes = Counter(), set()
     for seed in range(400):
-        config = GenerationConfig(max_new_tokens=2, ignore_eos=True, sampling=SamplingConfig(**sampling, seed=seed),
-                                  draft=DraftConfig(k_policy="fixed", k=1, confidence_threshold=0.0))
+        config = GenerationConfig(
+            max_new_tokens=2,
+            ignore_eos=True,
+            sampling=SamplingConfig(**sampling, seed=seed),
+            draft=DraftConfig(k_policy="fixed", k=1, confidence_threshold=0.0),
+        )
         events = list(engine.stream(prompt, config))
         counts[tuple(t for e in events for t in e.tokens)] += 1
         outcomes.add(events[0].n_accepted)

@@ -7,16 +7,17 @@ import os
 import pytest
 import torch
 
+from draftwise.backends.hf_loading import memory_bytes, pick_dtype
+from draftwise.backends.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, PackedLinear, can_pack
+from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.chat import ChatTemplateError, PromptError, encode_prompt
 from draftwise.compat import IncompatibleModelsError, check_compatible
-from draftwise.backends.hf_loading import memory_bytes, pick_dtype
 from draftwise.config import ModelOptions
 from draftwise.errors import ModelLoadError
 from draftwise.loading import load_lm, resolve
-from hf_support import load_hf_model
-from draftwise.backends.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, PackedLinear, can_pack
 from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, HOME_ENV, REGISTRY, lookup
-from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
+
+from hf_support import load_hf_model
 
 
 @pytest.fixture

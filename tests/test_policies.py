@@ -19,12 +19,17 @@ from draftwise.policies import (
     make_policy,
 )
 
-
 MODEL = Offer("model")
 
 
-def step(k: int, proposed: int | None = None, accepted: int = 0, draft_s: float = 0.0, verify_s: float = 0.0,
-         offer: Offer = MODEL) -> Outcome:
+def step(
+    k: int,
+    proposed: int | None = None,
+    accepted: int = 0,
+    draft_s: float = 0.0,
+    verify_s: float = 0.0,
+    offer: Offer = MODEL,
+) -> Outcome:
     """The outcome of a step that asked ``offer`` for ``k`` tokens (0: a plain step)."""
     choice = Choice(offer, k) if k else PLAIN
     return Outcome(choice, k if proposed is None else proposed, accepted, draft_s, verify_s)
@@ -74,8 +79,16 @@ def test_expected_speedup_closed_form(alpha, k, c, expected):
     assert expected_speedup(alpha, k, c) == pytest.approx(expected)
 
 
-def feed(policy: CostAwareK, steps: int, k: int, accepted: int, draft_token_s: float, verify_s: float,
-         plain_s: float | None = None, offer: Offer = MODEL) -> None:
+def feed(
+    policy: CostAwareK,
+    steps: int,
+    k: int,
+    accepted: int,
+    draft_token_s: float,
+    verify_s: float,
+    plain_s: float | None = None,
+    offer: Offer = MODEL,
+) -> None:
     """``steps`` steps of draft length ``k``, after one plain step (``plain_s``, default
     ``verify_s``) the way the policy starts."""
     policy.update(step(0, verify_s=verify_s if plain_s is None else plain_s))

@@ -43,8 +43,16 @@ def wheelhouse(tmp_path_factory) -> Path:
 
 def _entry(sha256: str = hashlib.sha256(MODEL_BYTES).hexdigest()) -> PackagedModel:
     slices = tuple(Slice(f"dwfake-part{i}", "1.0.0", f"dwfake_part{i}/data/part{i:02d}.bin") for i in (1, 2))
-    return PackagedModel(name="fake", title="fake model", role="target", filename="fake.gguf", slices=slices,
-                         sha256=sha256, size=len(MODEL_BYTES), licence="none")
+    return PackagedModel(
+        name="fake",
+        title="fake model",
+        role="target",
+        filename="fake.gguf",
+        slices=slices,
+        sha256=sha256,
+        size=len(MODEL_BYTES),
+        licence="none",
+    )
 
 
 def _local(wheelhouse: Path) -> list[str]:

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from draftwise import DraftConfig, GenerationConfig, SpeculativeEngine, autoregressive
-from hf_support import load_hf_model
 from draftwise.backends.quant import (
     DENSE_ROWS,
     Int4Linear,
@@ -19,6 +18,8 @@ from draftwise.backends.quant import (
     quantize_weights,
 )
 from draftwise.backends.tiny import tiny_lm
+
+from hf_support import load_hf_model
 
 
 def test_int4_linear_matches_its_dequantized_weights_and_approximates_the_dense_layer():
@@ -96,8 +97,9 @@ def test_a_packed_target_keeps_its_logits_and_speculation_stays_exact():
     assert not any(isinstance(m, PackedLinear) for m in dense.model.modules())  # tiny models: off by default
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
     ids = list(range(5, 25))
-    torch.testing.assert_close(packed.forward(ids, last=len(ids)), dense.forward(ids, last=len(ids)),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        packed.forward(ids, last=len(ids)), dense.forward(ids, last=len(ids)), rtol=1e-4, atol=1e-4
+    )
 
     config = GenerationConfig(
         max_new_tokens=40, ignore_eos=True, draft=DraftConfig(k_policy="fixed", k=4, confidence_threshold=0)
@@ -118,14 +120,16 @@ def test_long_prefills_use_the_same_quantized_weights_as_the_kernel(make):
     layer = make(dense)
     x = torch.randn(DENSE_ROWS + 8, 128)
     many = layer(x)
-    few = torch.cat([layer(x[i:i + 4]) for i in range(0, len(x), 4)])
+    few = torch.cat([layer(x[i : i + 4]) for i in range(0, len(x), 4)])
     torch.testing.assert_close(many, few, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(many, x @ layer.dense_weight().T + layer.bias.float(), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(layer.dense_weight(), dense.weight.detach())
 
 
-@pytest.mark.parametrize(("quantize", "pack_rows"), [("none", None), ("none", (1,)), ("none", (1, 8)),
-                                                     ("int8", (1,)), ("int4", (1,)), ("int8", None)])
+@pytest.mark.parametrize(
+    ("quantize", "pack_rows"),
+    [("none", None), ("none", (1,)), ("none", (1, 8)), ("int8", (1,)), ("int4", (1,)), ("int8", None)],
+)
 def test_every_model_property_reads_the_same_after_packing_and_quantization(quantize, pack_rows):
     # Issue 13: servers read vocab_size from a packed output layer, which has no .weight.
     dense = load_hf_model("tiny:0", pack=False)

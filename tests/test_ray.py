@@ -32,17 +32,24 @@ from draftwise.config import DraftConfig, GenerationConfig
 from draftwise.drafters import ModelDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.remote.client import connect
-from server_support import serve_in_background
 from draftwise.remote.settings import VerifierSettings
+
 from ray_support import LocalRay, inet_sockets, is_loopback, needs_ray
+from server_support import serve_in_background
 
 pytestmark = [pytest.mark.ray, needs_ray]
 
 KEY = {"authorization": "Bearer k"}
 # Two replicas of half a CPU each: both fit on the 2-CPU Ray next to a bench worker.
 TWO = ServeScale(replicas=2, cpus_per_replica=0.5)
-API = ServerSettings(target="tiny:0", draft="tiny:1", api_key="k", max_body_bytes=4096, queue_size=4,
-                     generation=GenerationConfig(max_new_tokens=16))
+API = ServerSettings(
+    target="tiny:0",
+    draft="tiny:1",
+    api_key="k",
+    max_body_bytes=4096,
+    queue_size=4,
+    generation=GenerationConfig(max_new_tokens=16),
+)
 FIXED = {"k_policy": "fixed", "k": 4, "confidence_threshold": 0.0}  # every step drafts: acceptances and corrections
 
 
@@ -68,8 +75,14 @@ def cluster() -> Iterator[LocalRay]:
 @pytest.fixture(scope="class")
 def api_fleet(cluster: LocalRay) -> Iterator[str]:
     settings = API.model_copy(update={"ray": TWO})
-    with served(serve_app.ApiReplica, (settings,), serve_app.APP, "127.0.0.1", cluster.port,
-                serve_app.api_options(settings, TWO)) as url:
+    with served(
+        serve_app.ApiReplica,
+        (settings,),
+        serve_app.APP,
+        "127.0.0.1",
+        cluster.port,
+        serve_app.api_options(settings, TWO),
+    ) as url:
         cluster.track()
         yield url
 
@@ -83,22 +96,48 @@ def api_single() -> Iterator[str]:
 # --- the API --------------------------------------------------------------------------------------
 
 REQUESTS = [
-    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
-                         "speculative": {"drafter": "model", "provenance": True, **FIXED}}),
+    (
+        "/v1/completions",
+        {
+            "prompt": "Once upon a time",
+            "max_tokens": 24,
+            "temperature": 0,
+            "speculative": {"drafter": "model", "provenance": True, **FIXED},
+        },
+    ),
     ("/v1/completions", {"prompt": "1 2 3 4 1 2 3 4 1 2", "temperature": 0, "speculative": {"drafter": "ngram"}}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hello."}], "temperature": 0,
-                              "max_tokens": 20, "speculative": {"drafter": "hybrid", "provenance": True, **FIXED}}),
-    ("/v1/completions", {"prompt": "The cat sat", "temperature": 0.8, "seed": 7, "max_tokens": 20,
-                         "speculative": {"drafter": "model", "provenance": True, **FIXED}}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "temperature": 0,
+            "max_tokens": 20,
+            "speculative": {"drafter": "hybrid", "provenance": True, **FIXED},
+        },
+    ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "The cat sat",
+            "temperature": 0.8,
+            "seed": 7,
+            "max_tokens": 20,
+            "speculative": {"drafter": "model", "provenance": True, **FIXED},
+        },
+    ),
 ]
 
 
 def _answer(body: dict[str, Any]) -> dict[str, Any]:
     """What a response says about the generation, without ids, timestamps and timings."""
     choice = body["choices"][0]
-    return {"text": choice.get("text", choice.get("message")), "finish": choice["finish_reason"],
-            "usage": body["usage"], "tokens": [t["id"] for t in body.get("provenance") or []],
-            "sources": [t["source"] for t in body.get("provenance") or []]}
+    return {
+        "text": choice.get("text", choice.get("message")),
+        "finish": choice["finish_reason"],
+        "usage": body["usage"],
+        "tokens": [t["id"] for t in body.get("provenance") or []],
+        "sources": [t["source"] for t in body.get("provenance") or []],
+    }
 
 
 def _post(url: str, path: str, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
@@ -106,8 +145,9 @@ def _post(url: str, path: str, body: dict[str, Any], **kwargs: Any) -> httpx.Res
 
 
 def _streamed_text(url: str, body: dict[str, Any]) -> tuple[str, list[str]]:
-    with httpx.stream("POST", url + "/v1/completions", json={"model": "tiny:0", **body, "stream": True},
-                      headers=KEY, timeout=60) as response:
+    with httpx.stream(
+        "POST", url + "/v1/completions", json={"model": "tiny:0", **body, "stream": True}, headers=KEY, timeout=60
+    ) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
@@ -127,9 +167,6 @@ def _total(samples: list[Any], name: str, **labels: str) -> float:
     return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-
-
-
 class TestApiFleet:
     """`serve --ray` with 2 replicas against a single-process server with the same settings."""
 
@@ -143,8 +180,11 @@ class TestApiFleet:
         body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "speculative": FIXED}
         text, lines = _streamed_text(api_fleet, body)
         assert lines[-1] == "data: [DONE]" and len(lines) > 3  # streamed in several chunks, not one
-        assert text == _streamed_text(api_single, body)[0] == _post(api_fleet, "/v1/completions", body).json()[
-            "choices"][0]["text"]
+        assert (
+            text
+            == _streamed_text(api_single, body)[0]
+            == _post(api_fleet, "/v1/completions", body).json()["choices"][0]["text"]
+        )
 
     def test_errors_auth_and_limits_are_the_same(self, api_fleet, api_single):
         def answers(url: str) -> list[tuple[int, Any]]:
@@ -186,14 +226,20 @@ class TestApiFleet:
             return _total(_samples(api_fleet), "draftwise_generations_cancelled_total", reason="disconnect")
 
         before = cancelled()
-        body = {"model": "tiny:0", "prompt": "Once upon a time", "max_tokens": 3000, "stream": True,
-                "speculative": {"drafter": "off"}}
+        body = {
+            "model": "tiny:0",
+            "prompt": "Once upon a time",
+            "max_tokens": 3000,
+            "stream": True,
+            "speculative": {"drafter": "off"},
+        }
         with httpx.stream("POST", api_fleet + "/v1/completions", json=body, headers=KEY, timeout=60) as response:
             assert next(line for line in response.iter_lines() if line.startswith("data: "))
         # Closed after one chunk: the replica stops generating long before 3000 tokens.
         _wait_for(lambda: cancelled() > before, what="a cancelled generation")
-        _wait_for(lambda: _total(_samples(api_fleet), "draftwise_active_generations") == 0,
-                  what="no generation running")
+        _wait_for(
+            lambda: _total(_samples(api_fleet), "draftwise_active_generations") == 0, what="no generation running"
+        )
 
     def test_the_fleet_binds_loopback_only(self, cluster, api_fleet):
         sockets = inet_sockets(cluster.track())
@@ -222,8 +268,14 @@ PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):", "hello world", 
 @pytest.fixture(scope="class")
 def verifier_fleet(cluster: LocalRay) -> Iterator[str]:
     settings = VerifierSettings(target="tiny:0", ray=TWO)
-    with served(verifier.VerifierReplica, (settings,), verifier.APP, "127.0.0.1", cluster.port,
-                verifier.verifier_options(settings, TWO)) as url:
+    with served(
+        verifier.VerifierReplica,
+        (settings,),
+        verifier.APP,
+        "127.0.0.1",
+        cluster.port,
+        verifier.verifier_options(settings, TWO),
+    ) as url:
         cluster.track()
         yield url
 
@@ -242,10 +294,14 @@ class TestVerifierFleet:
             local = SpeculativeEngine.from_models(target, draft).generate(prompt, CONFIG).tokens
             with connect(verifier_fleet, tokenizer=draft.tokenizer) as remote:
                 assert remote.info.routing_header == verifier.ROUTING_HEADER
-                result = SpeculativeEngine(remote, ModelDrafter(draft), tokenizer=draft.tokenizer).generate(prompt, CONFIG)
+                result = SpeculativeEngine(remote, ModelDrafter(draft), tokenizer=draft.tokenizer).generate(
+                    prompt, CONFIG
+                )
             assert result.tokens == local
-        health = _wait_for(lambda: (h := httpx.get(verifier_fleet + "/health").json()) and len(h["replicas"]) == 2 and h,
-                           what="both replicas in /health")
+        health = _wait_for(
+            lambda: (h := httpx.get(verifier_fleet + "/health").json()) and len(h["replicas"]) == 2 and h,
+            what="both replicas in /health",
+        )
         assert health["affinity"]["hits"] > 0
         assert health["affinity"]["hits"] == sum(r["affinity"]["hits"] for r in health["replicas"].values())
 
@@ -253,7 +309,9 @@ class TestVerifierFleet:
         target, draft = pair
         local = SpeculativeEngine.from_models(target, draft).generate(PROMPTS[0], CONFIG).tokens
         with connect(verifier_fleet, tokenizer=draft.tokenizer) as remote:
-            stream = SpeculativeEngine(remote, ModelDrafter(draft), tokenizer=draft.tokenizer).stream(PROMPTS[0], CONFIG)
+            stream = SpeculativeEngine(remote, ModelDrafter(draft), tokenizer=draft.tokenizer).stream(
+                PROMPTS[0], CONFIG
+            )
             events = [next(stream)]
 
             def holder() -> list[str]:
@@ -270,17 +328,25 @@ class TestVerifierFleet:
 
 # --- the bench ------------------------------------------------------------------------------------
 
-ROWS = [{"id": f"p{i}", "subtask": "ab"[i % 2], "prompt": f"The cat {i} sat on the mat. The cat sat on"}
-        for i in range(5)]
+ROWS = [
+    {"id": f"p{i}", "subtask": "ab"[i % 2], "prompt": f"The cat {i} sat on the mat. The cat sat on"} for i in range(5)
+]
 
 
 def _bench(tmp_path: Path, name: str, workers: int | None) -> BenchConfig:
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     ray = None if workers is None else BenchWorkers(workers=workers, cpus_per_worker=0.5)
-    return BenchConfig(target="tiny:0", draft="tiny:1", data=str(data), out=tmp_path / name, warmup=False,
-                       methods=("baseline", "model", "ngram"), generation=GenerationConfig(max_new_tokens=12),
-                       ray=ray)
+    return BenchConfig(
+        target="tiny:0",
+        draft="tiny:1",
+        data=str(data),
+        out=tmp_path / name,
+        warmup=False,
+        methods=("baseline", "model", "ngram"),
+        generation=GenerationConfig(max_new_tokens=12),
+        ray=ray,
+    )
 
 
 def _tokens(out: Path) -> dict[str, list[int]]:

@@ -10,9 +10,10 @@ import signal
 
 import pytest
 
-from cli_support import cli_server, run_cli, stop
 from draftwise.loading import llama_cpp_available
 from draftwise.registry import REGISTRY, is_pulled
+
+from cli_support import cli_server, run_cli, stop
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,8 +29,10 @@ GREEDY = ["--max-new-tokens", "24", "--temperature", "0", "--ignore-eos"]
 # it whatever this CPU would pick.
 BACKENDS = {"hf": ["--backend", "hf", "--dtype", "float32"], "llamacpp": ["--backend", "llamacpp"]}
 needs_llama_cpp = pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python is not installed")
-backends = pytest.mark.parametrize("backend", [
-    pytest.param(BACKENDS["hf"], id="hf"), pytest.param(BACKENDS["llamacpp"], id="llamacpp", marks=needs_llama_cpp)])
+backends = pytest.mark.parametrize(
+    "backend",
+    [pytest.param(BACKENDS["hf"], id="hf"), pytest.param(BACKENDS["llamacpp"], id="llamacpp", marks=needs_llama_cpp)],
+)
 
 
 @backends
@@ -38,7 +41,8 @@ def test_serve_answers_the_openai_client_and_stops_cleanly(tmp_path, backend):
     with cli_server(args, "/health", tmp_path / "serve.log") as (url, process):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
         chat = client.chat.completions.create(
-            model=SMOL, messages=[{"role": "user", "content": "Name three colours."}], max_tokens=16, temperature=0)
+            model=SMOL, messages=[{"role": "user", "content": "Name three colours."}], max_tokens=16, temperature=0
+        )
         assert chat.choices[0].message.content.strip()
         assert chat.usage.completion_tokens > 0
 
@@ -58,13 +62,27 @@ def test_serve_answers_the_openai_client_and_stops_cleanly(tmp_path, backend):
 
 @backends
 def test_remote_verifier_gives_the_local_greedy_text(tmp_path, backend):
-    local = run_cli("generate", PROMPT, "--target", SMOL, "--draft", SMOL, "--draft-quant", "none", "--json", *backend,
-                    *GREEDY)
+    local = run_cli(
+        "generate", PROMPT, "--target", SMOL, "--draft", SMOL, "--draft-quant", "none", "--json", *backend, *GREEDY
+    )
     assert local.returncode == 0, local.stderr
     args = ["serve-verifier", "--target", SMOL, "--threads", "2", *backend]
     with cli_server(args, "/health", tmp_path / "verifier.log") as (url, _process):
-        remote = run_cli("generate", PROMPT, "--target", SMOL, "--draft", SMOL, "--draft-quant", "none",
-                         "--verifier", url, "--json", *backend, *GREEDY)
+        remote = run_cli(
+            "generate",
+            PROMPT,
+            "--target",
+            SMOL,
+            "--draft",
+            SMOL,
+            "--draft-quant",
+            "none",
+            "--verifier",
+            url,
+            "--json",
+            *backend,
+            *GREEDY,
+        )
     assert remote.returncode == 0, remote.stderr
     assert json.loads(remote.stdout)["tokens"] == json.loads(local.stdout)["tokens"]
     assert json.loads(remote.stdout)["text"] == json.loads(local.stdout)["text"]

@@ -15,8 +15,9 @@ from draftwise.config import DraftConfig, GenerationConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.lm import LanguageModel
-from hf_support import load_hf_model
 from draftwise.registry import REGISTRY, is_pulled, model_path
+
+from hf_support import load_hf_model
 
 pytestmark = pytest.mark.slow
 SMOL = REGISTRY["smollm2-135m"]

@@ -15,16 +15,17 @@ import numpy as np
 import pytest
 import torch
 
+from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
 from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal
 from draftwise.engine import SpeculativeEngine
 from draftwise.remote.client import RemoteTarget, RemoteVerifierError, connect
 from draftwise.remote.protocol import decode_verify_response, encode_verify_request, tokenizer_fingerprint
 from draftwise.remote.server import create_app
-from server_support import serve_in_background
 from draftwise.remote.settings import VerifierSettings
 from draftwise.target import LocalTarget
-from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
+
+from server_support import serve_in_background
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
 DRAFTWISE = [sys.executable, "-c", "from draftwise.cli import main; main()"]  # the real entry point
@@ -65,6 +66,7 @@ def _verify(http: httpx.Client, session: str, tokens=(5, 6), keep=3, append=(), 
 
 def _local_and_remote(url: str, target, draft, config: GenerationConfig, ngram: bool = False):
     """The same generation in one process and through the server (models are reset per run)."""
+
     def drafter():
         return NGramDrafter() if ngram else ModelDrafter(draft)
 
@@ -111,8 +113,11 @@ def test_seeded_sampling_gives_the_same_tokens_remotely(url, target_lm, tiny_nea
     if not ngram:  # a real mix of acceptances and rejections was exercised
         assert 0 < remote.metrics.acceptance_rate < 1
     if draft.proposal_top:
-        widths = {(e.extra["request_bytes"] - 16 - 4 * len(e.proposed)) // (8 * len(e.proposed))
-                  for e in remote.events if e.proposed}
+        widths = {
+            (e.extra["request_bytes"] - 16 - 4 * len(e.proposed)) // (8 * len(e.proposed))
+            for e in remote.events
+            if e.proposed
+        }
         assert max(widths) <= draft.proposal_top
 
 
@@ -223,8 +228,10 @@ def test_client_reopens_an_evicted_session(target_lm, tiny_near_draft):
 
 
 def test_limits(target_lm):
-    with _server(target_lm, max_context=16, max_block=4, max_q_entries=3, max_body_bytes=2048) as base, \
-            httpx.Client(base_url=base) as http:
+    with (
+        _server(target_lm, max_context=16, max_block=4, max_q_entries=3, max_body_bytes=2048) as base,
+        httpx.Client(base_url=base) as http,
+    ):
         assert http.post("/v1/sessions", json={"prompt": list(range(17))}).status_code == 422
         session = _open(http, range(10), temperature=1.0)
         too_long = _verify(http, session, tokens=(1, 2, 3, 4, 5), keep=10)
@@ -246,9 +253,15 @@ def _bad_requests(http: httpx.Client, session: str, vocab: int):
     def raw(body: bytes, sid: str = session):
         return http.post(f"/v1/sessions/{sid}/verify", content=body)
 
-    yield "malformed JSON", http.post("/v1/sessions", content=b'{"prompt": [1, 2', headers={"content-type": "application/json"})
+    yield (
+        "malformed JSON",
+        http.post("/v1/sessions", content=b'{"prompt": [1, 2', headers={"content-type": "application/json"}),
+    )
     yield "prompt not a list", http.post("/v1/sessions", json={"prompt": "hello"})
-    yield "temperature not a number", http.post("/v1/sessions", json={"prompt": [1], "sampling": {"temperature": "hot"}})
+    yield (
+        "temperature not a number",
+        http.post("/v1/sessions", json={"prompt": [1], "sampling": {"temperature": "hot"}}),
+    )
     yield "unknown key", http.post("/v1/sessions", json={"prompt": [1], "speed": "fast"})
     yield "empty prompt", http.post("/v1/sessions", json={"prompt": []})
     yield "out-of-vocabulary prompt", http.post("/v1/sessions", json={"prompt": [1, vocab]})
@@ -313,7 +326,10 @@ def test_cli_serves_and_shuts_down_cleanly():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DRAFTWISE_VERIFIER_API_KEY": "k"}
     process = subprocess.Popen(
         [*DRAFTWISE, "serve-verifier", "--target", "tiny:0", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -339,7 +355,9 @@ def test_cli_serves_and_shuts_down_cleanly():
 def test_cli_rejects_bad_settings_in_one_line():
     result = subprocess.run(
         [*DRAFTWISE, "serve-verifier", "--target", "tiny:0", "--max-sessions", "0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "--max-sessions" in result.stderr and "Traceback" not in result.stderr
@@ -349,19 +367,40 @@ def test_generate_cli_with_a_remote_verifier(url, target_lm):
     """``draftwise generate --verifier`` through the real entry point gives the local tokens."""
     config = GenerationConfig(max_new_tokens=16, ignore_eos=True, draft=FIXED)
     expected = SpeculativeEngine.from_models(target_lm, tiny_lm(1)).generate("Hello", config).tokens
-    flags = ["--draft", "tiny:1", "--verifier", url, "--max-new-tokens", "16", "--ignore-eos", "--k-policy", "fixed",
-             "--k", "4", "--json", "Hello"]
+    flags = [
+        "--draft",
+        "tiny:1",
+        "--verifier",
+        url,
+        "--max-new-tokens",
+        "16",
+        "--ignore-eos",
+        "--k-policy",
+        "fixed",
+        "--k",
+        "4",
+        "--json",
+        "Hello",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([*DRAFTWISE, "generate", *flags], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["tokens"] == expected
-    refused = subprocess.run([*DRAFTWISE, "generate", *flags, "--compare"], capture_output=True, text=True,
-                             timeout=120, env=env)
+    refused = subprocess.run(
+        [*DRAFTWISE, "generate", *flags, "--compare"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert refused.returncode != 0 and "--verifier" in refused.stderr and "Traceback" not in refused.stderr
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 1.0, "top_p": 1e-300}, {"temperature": 1.0, "top_p": 5e-324},
-                                      {"temperature": 1e-40}, {"temperature": 5e-324, "top_k": 1}])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 1.0, "top_p": 1e-300},
+        {"temperature": 1.0, "top_p": 5e-324},
+        {"temperature": 1e-40},
+        {"temperature": 5e-324, "top_k": 1},
+    ],
+)
 def test_vanishing_sampling_settings_verify_like_greedy(http, sampling):
     greedy = decode_verify_response(_verify(http, _open(http), tokens=(5, 6)).content, 2)
     response = _verify(http, _open(http, **sampling), tokens=(5, 6))
@@ -393,8 +432,12 @@ def test_max_context_is_capped_at_the_models_own(target_lm):
 
 def test_a_401_says_how_to_authenticate_and_docs_are_open(target_lm):
     with _server(target_lm, api_key="s3cret") as base, httpx.Client(base_url=base) as http:
-        for method, path in (("GET", "/info"), ("POST", "/v1/sessions"), ("DELETE", "/v1/sessions/x"),
-                             ("POST", "/v1/sessions/x/verify")):
+        for method, path in (
+            ("GET", "/info"),
+            ("POST", "/v1/sessions"),
+            ("DELETE", "/v1/sessions/x"),
+            ("POST", "/v1/sessions/x/verify"),
+        ):
             response = http.request(method, path)
             assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer", path
         for path in ("/health", "/docs", "/redoc", "/openapi.json"):
@@ -457,7 +500,8 @@ def test_a_verifier_that_disappears_mid_run_leaves_the_text_and_a_reason(target_
     base = server.__enter__()
     with connect(base, tokenizer=tiny_near_draft.tokenizer) as target:
         stream = SpeculativeEngine(target, ModelDrafter(tiny_near_draft), tokenizer=target_lm.tokenizer).stream(
-            PROMPT, config)
+            PROMPT, config
+        )
         events = [next(stream), next(stream)]
         server.__exit__(None, None, None)  # the verifier goes away mid-generation
         events += list(stream)
@@ -469,8 +513,13 @@ def test_a_verifier_that_disappears_mid_run_leaves_the_text_and_a_reason(target_
 def test_generate_cli_keeps_the_text_when_the_verifier_context_fills(target_lm):
     with _server(target_lm, max_context=24) as base:
         flags = ["--draft", "tiny:1", "--verifier", base, "--max-new-tokens", "50", "--ignore-eos", "--json", "Hello"]
-        result = subprocess.run([*DRAFTWISE, "generate", *flags], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        result = subprocess.run(
+            [*DRAFTWISE, "generate", *flags],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["metrics"]["finish_reason"] == "length" and out["prompt_tokens"] + len(out["tokens"]) == 24
@@ -478,10 +527,31 @@ def test_generate_cli_keeps_the_text_when_the_verifier_context_fills(target_lm):
 
 def test_generate_cli_reports_a_verifier_refusal_after_printing_what_it_has(target_lm):
     with _server(target_lm, max_q_entries=1) as base:  # a full draft distribution is over this limit
-        flags = ["--draft", "tiny:1", "--verifier", base, "--max-new-tokens", "8", "--temperature", "1", "--seed", "1",
-                 "--k-policy", "fixed", "--k", "4", "--json", "Hi"]
-        result = subprocess.run([*DRAFTWISE, "generate", *flags], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        flags = [
+            "--draft",
+            "tiny:1",
+            "--verifier",
+            base,
+            "--max-new-tokens",
+            "8",
+            "--temperature",
+            "1",
+            "--seed",
+            "1",
+            "--k-policy",
+            "fixed",
+            "--k",
+            "4",
+            "--json",
+            "Hi",
+        ]
+        result = subprocess.run(
+            [*DRAFTWISE, "generate", *flags],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "stopped early" in result.stderr and "over the verifier's limit of 1" in result.stderr
     assert json.loads(result.stdout)["metrics"]["finish_reason"] == "error"

@@ -111,7 +111,9 @@ def test_first_two_tokens_match_p_across_a_block(point_mass):
         if point_mass:
             draft, q = torch.tensor([3, 0]), None
         else:
-            draft = torch.cat([torch.multinomial(Q, 1, generator=generator), torch.multinomial(Q1, 1, generator=generator)])
+            draft = torch.cat(
+                [torch.multinomial(Q, 1, generator=generator), torch.multinomial(Q1, 1, generator=generator)]
+            )
             q = torch.stack([Q, Q1])
         verdict = verify_sampling(draft, q, target, generator)
         emitted = draft[: verdict.n_accepted].tolist() + [verdict.next_token]
@@ -149,9 +151,7 @@ def exact_pairs(lm: LanguageModel, prompt: list[int]) -> dict[tuple[int, int], f
     """The exact distribution of the first two generated tokens (few pairs thanks to top_k)."""
     first = next_probs(lm, prompt)
     return {
-        (a, b): pa * pb
-        for a, pa in as_dist(first).items()
-        for b, pb in as_dist(next_probs(lm, prompt + [a])).items()
+        (a, b): pa * pb for a, pa in as_dist(first).items() for b, pb in as_dist(next_probs(lm, prompt + [a])).items()
     }
 
 

@@ -81,7 +81,8 @@ def test_a_full_target_context_ends_with_length(tiny_target, tiny_same_draft, ex
 def test_a_full_draft_context_ends_with_length(tiny_target, tiny_same_draft, expected):
     drafter = ModelDrafter(Bounded(tiny_same_draft.fork(), limit=60))
     result = SpeculativeEngine(LocalTarget(tiny_target), drafter, tokenizer=tiny_target.tokenizer).generate(
-        PROMPT, CONFIG)
+        PROMPT, CONFIG
+    )
     assert result.metrics.finish_reason == "length"
     _check_kept(result, expected, tiny_target.tokenizer)
 
@@ -89,7 +90,8 @@ def test_a_full_draft_context_ends_with_length(tiny_target, tiny_same_draft, exp
 def test_a_target_that_goes_away_ends_with_error_and_keeps_the_text(tiny_target, tiny_same_draft, expected):
     target = RefusesAfter(LocalTarget(tiny_target), steps=3)
     result = SpeculativeEngine(target, ModelDrafter(tiny_same_draft), tokenizer=tiny_target.tokenizer).generate(
-        PROMPT, CONFIG)
+        PROMPT, CONFIG
+    )
     assert result.metrics.finish_reason == "error"
     _check_kept(result, expected, tiny_target.tokenizer)
     assert "cannot reach the verifier" in result.events[-1].extra["detail"]

@@ -48,41 +48,65 @@ if TYPE_CHECKING:
     # The names as their modules define them (the `X as X` form marks them as re-exported).
     from draftwise.config import (
         DraftConfig as DraftConfig,
+    )
+    from draftwise.config import (
         GenerationConfig as GenerationConfig,
+    )
+    from draftwise.config import (
         ModelOptions as ModelOptions,
+    )
+    from draftwise.config import (
         SamplingConfig as SamplingConfig,
     )
     from draftwise.drafters import (
         Drafter as Drafter,
+    )
+    from draftwise.drafters import (
         HybridDrafter as HybridDrafter,
+    )
+    from draftwise.drafters import (
         ModelDrafter as ModelDrafter,
+    )
+    from draftwise.drafters import (
         NGramDrafter as NGramDrafter,
+    )
+    from draftwise.drafters import (
         Proposal as Proposal,
     )
     from draftwise.engine import (
         GenerationResult as GenerationResult,
+    )
+    from draftwise.engine import (
         SpeculativeEngine as SpeculativeEngine,
+    )
+    from draftwise.engine import (
         autoregressive as autoregressive,
     )
     from draftwise.events import (
         StepEvent as StepEvent,
-    )
-    from draftwise.metrics import (
-        GenerationMetrics as GenerationMetrics,
     )
     from draftwise.lm import (
         LanguageModel as LanguageModel,
     )
     from draftwise.loading import (
         load_lm as load_lm,
+    )
+    from draftwise.loading import (
         load_pair as load_pair,
+    )
+    from draftwise.metrics import (
+        GenerationMetrics as GenerationMetrics,
     )
     from draftwise.target import (
         LocalTarget as LocalTarget,
+    )
+    from draftwise.target import (
         Target as Target,
     )
     from draftwise.verify import (
         TokenSource as TokenSource,
+    )
+    from draftwise.verify import (
         Verdict as Verdict,
     )
 

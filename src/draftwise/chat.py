@@ -36,8 +36,9 @@ def encodable(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise PromptError(f"the text is not valid Unicode: it holds a lone surrogate ({text[exc.start]!r}) "
-                          f"at character {exc.start}") from None
+        raise PromptError(
+            f"the text is not valid Unicode: it holds a lone surrogate ({text[exc.start]!r}) at character {exc.start}"
+        ) from None
     return text
 
 

@@ -19,8 +19,9 @@ def _vocab(tokenizer: Any) -> dict[str, int]:
     return dict(tokenizer.get_vocab())
 
 
-def check_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_name: str = "target",
-                     draft_name: str = "draft") -> None:
+def check_compatible(
+    target_tokenizer: Any, draft_tokenizer: Any, target_name: str = "target", draft_name: str = "draft"
+) -> None:
     """Raise ``IncompatibleModelsError`` unless both tokenizers map the same strings to the same ids."""
     target_vocab, draft_vocab = _vocab(target_tokenizer), _vocab(draft_tokenizer)
     if target_vocab == draft_vocab:
@@ -34,8 +35,9 @@ def check_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_name: s
             "family, or --drafter ngram"
         )
     by_id_target = {i: t for t, i in target_vocab.items()}
-    token, draft_id = next((t, i) for t, i in sorted(draft_vocab.items(), key=lambda item: item[1])
-                           if target_vocab.get(t) != i)
+    token, draft_id = next(
+        (t, i) for t, i in sorted(draft_vocab.items(), key=lambda item: item[1]) if target_vocab.get(t) != i
+    )
     raise IncompatibleModelsError(
         f"{pair} have different tokenizers: id {draft_id} is {token!r} in the draft but "
         f"{by_id_target.get(draft_id)!r} in the target; use a draft from the same model family, "

@@ -59,7 +59,9 @@ class ModelOptions(_Strict):
     )
     threads: int | None = Field(None, ge=1, le=1024, description="CPU threads; None = one per core")
     context: int | None = Field(
-        None, ge=16, le=1_048_576,
+        None,
+        ge=16,
+        le=1_048_576,
         description="llamacpp: positions one sequence may hold (prompt + generated; sizes the KV cache); "
         "None = the model's training context, at most 8192",
     )
@@ -82,12 +84,16 @@ class SamplingConfig(_Strict):
     """
 
     temperature: float = Field(
-        0.0, ge=0.0, le=100.0,
+        0.0,
+        ge=0.0,
+        le=100.0,
         description=f"0 = greedy; a positive temperature below {MIN_TEMPERATURE:g} counts as {MIN_TEMPERATURE:g}",
     )
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = off")
     top_p: float = Field(
-        1.0, gt=0.0, le=1.0,
+        1.0,
+        gt=0.0,
+        le=1.0,
         description="nucleus mass to keep; 1 = off; the most likely token is always kept, however small top_p",
     )
     seed: int | None = Field(None, ge=0, le=2**63 - 2, description="seed of the sampling generator")
@@ -115,13 +121,16 @@ class DraftConfig(_Strict):
     k: int = Field(5, ge=0, le=64, description="draft length (fixed) or starting length (heuristic)")
     k_max: int = Field(12, ge=1, le=64, description="largest draft length the adaptive policies may use")
     confidence_threshold: float = Field(
-        0.6, ge=0.0, le=1.0,
+        0.6,
+        ge=0.0,
+        le=1.0,
         description="a draft model stops proposing once its top-1 probability falls below this; 0 = off",
     )
     ngram_max: int = Field(4, ge=1, le=16, description="longest context suffix the n-gram drafter matches")
     ngram_min: int = Field(1, ge=1, le=16, description="shortest context suffix the n-gram drafter matches")
     proposal_top: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="sampling: a draft model samples from its N most likely tokens only (renormalised), so "
         "its q has at most N entries per position (what a remote verifier receives); still lossless; 0 = off",
     )

@@ -111,8 +111,13 @@ class CostCache:
             pass
 
 
-def calibrate(target: LanguageModel, draft: LanguageModel | None, k_max: int,
-              log: Callable[[str], None] | None = None, cache: CostCache | None = None) -> CostProfile:
+def calibrate(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    k_max: int,
+    log: Callable[[str], None] | None = None,
+    cache: CostCache | None = None,
+) -> CostProfile:
     """A ``CostProfile`` holding the target's pass times for blocks of 1 to ``k_max + 1``
     tokens and, with a draft model, its per-token and catch-up costs; measured here, or read
     from the cache when this model ran on this CPU before."""

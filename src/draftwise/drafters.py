@@ -129,8 +129,13 @@ class ModelDrafter:
             if threshold > 0 and float(q.max()) < threshold:
                 break
             feed = [token]
-        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), probs=torch.stack(rows), source=MODEL,
-                        catchup_seconds=catchup_seconds, catchup_tokens=catchup_tokens)
+        return Proposal(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            probs=torch.stack(rows),
+            source=MODEL,
+            catchup_seconds=catchup_seconds,
+            catchup_tokens=catchup_tokens,
+        )
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         # Drop rejected draft tokens now so the cache never holds more than it must.
@@ -159,8 +164,9 @@ class NGramDrafter:
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         self._config = config
         draft = config.draft
-        self._index = {n: {} for n in range(min(max(draft.ngram_min, self.min_n), draft.ngram_max),
-                                            draft.ngram_max + 1)}
+        self._index = {
+            n: {} for n in range(min(max(draft.ngram_min, self.min_n), draft.ngram_max), draft.ngram_max + 1)
+        }
         self._indexed = 0
 
     def _extend_index(self, context: Sequence[int]) -> None:

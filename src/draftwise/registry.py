@@ -56,9 +56,7 @@ class PackagedModel:
 
 def _sliced(package: str, module: str, version: str, parts: int) -> tuple[Slice, ...]:
     """Slices ``{module}{i}/data/part{i:02d}.bin`` of wheels ``{package}{i}``, i = 1..parts."""
-    return tuple(
-        Slice(f"{package}{i}", version, f"{module}{i}/data/part{i:02d}.bin") for i in range(1, parts + 1)
-    )
+    return tuple(Slice(f"{package}{i}", version, f"{module}{i}/data/part{i:02d}.bin") for i in range(1, parts + 1))
 
 
 REGISTRY: dict[str, PackagedModel] = {

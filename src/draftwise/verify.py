@@ -65,8 +65,10 @@ def logits_to_probs(
     if temperature <= 0:
         return scores.softmax(-1)
     if temperature < MIN_TEMPERATURE:
-        raise ValueError(f"temperature {temperature:g} is below the floor of {MIN_TEMPERATURE:g} "
-                         "(scores / temperature would leave float32's range); SamplingConfig raises it to the floor")
+        raise ValueError(
+            f"temperature {temperature:g} is below the floor of {MIN_TEMPERATURE:g} "
+            "(scores / temperature would leave float32's range); SamplingConfig raises it to the floor"
+        )
     scores = scores / temperature
     if not 0 < top_k < scores.shape[-1]:
         top_k = 0

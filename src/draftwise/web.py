@@ -21,8 +21,9 @@ ErrorResponse = Callable[[int, str], Response]
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 _HEADERS = {
-    401: {"WWW-Authenticate": {"description": "`Bearer`: the scheme to authenticate with",
-                               "schema": {"type": "string"}}},
+    401: {
+        "WWW-Authenticate": {"description": "`Bearer`: the scheme to authenticate with", "schema": {"type": "string"}}
+    },
     429: {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}},
 }
 
@@ -45,16 +46,20 @@ class BodyLimit:
             if length is None and b"transfer-encoding" in headers:
                 response = self.error(411, "send a Content-Length header (chunked request bodies are not accepted)")
             elif length is not None and (not length.isdigit() or int(length) > self.limit):
-                response = self.error(413, f"request body of {length.decode(errors='replace')} bytes is over "
-                                           f"this server's max_body_bytes of {self.limit}")
+                response = self.error(
+                    413,
+                    f"request body of {length.decode(errors='replace')} bytes is over "
+                    f"this server's max_body_bytes of {self.limit}",
+                )
             if response is not None:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-def bearer_guard(api_key: SecretStr | None, fail: Callable[[str, dict[str, str]], Exception]
-                 ) -> Callable[..., Awaitable[None]]:
+def bearer_guard(
+    api_key: SecretStr | None, fail: Callable[[str, dict[str, str]], Exception]
+) -> Callable[..., Awaitable[None]]:
     """A FastAPI dependency that lets a request through only with ``Authorization: Bearer
     KEY`` (anything goes when ``api_key`` is None); ``fail(message, headers)`` is the exception
     raised, whose response must carry ``headers`` (the ``WWW-Authenticate`` challenge)."""

@@ -29,8 +29,8 @@ from draftwise.api.settings import ServerSettings
 from draftwise.api.translate import Plan, encode_chat, encode_completion, plan
 from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
-from draftwise.metrics import GenerationMetrics
 from draftwise.lm import LanguageModel
+from draftwise.metrics import GenerationMetrics
 from draftwise.verify import TokenSource
 from draftwise.web import BodyLimit, bearer_guard, error_responses
 
@@ -56,13 +56,25 @@ def _provenance(event: StepEvent, tokenizer: Any) -> list[s.TokenProvenance]:
 def _step(event: StepEvent, tokenizer: Any) -> s.StepInfo:
     """The target pass behind a chunk: every proposal (kept or not) and the step's timings."""
     proposed = [
-        s.DraftedToken(id=token, text=tokenizer.decode([token]), draft_prob=event.draft_probs[i],
-                       target_prob=event.target_probs[i] if i < len(event.target_probs) else None)
+        s.DraftedToken(
+            id=token,
+            text=tokenizer.decode([token]),
+            draft_prob=event.draft_probs[i],
+            target_prob=event.target_probs[i] if i < len(event.target_probs) else None,
+        )
         for i, token in enumerate(event.proposed)
     ]
-    return s.StepInfo(index=event.step, k=event.k, source=event.source, proposed=proposed, n_accepted=event.n_accepted,
-                      prefill_seconds=event.prefill_seconds, draft_seconds=event.draft_seconds,
-                      verify_seconds=event.verify_seconds, step_seconds=event.step_seconds)
+    return s.StepInfo(
+        index=event.step,
+        k=event.k,
+        source=event.source,
+        proposed=proposed,
+        n_accepted=event.n_accepted,
+        prefill_seconds=event.prefill_seconds,
+        draft_seconds=event.draft_seconds,
+        verify_seconds=event.verify_seconds,
+        step_seconds=event.step_seconds,
+    )
 
 
 class Transcript:
@@ -91,8 +103,11 @@ class Transcript:
 
     def usage(self) -> s.Usage:
         prompt = len(self.plan.prompt)
-        return s.Usage(prompt_tokens=prompt, completion_tokens=self.metrics.new_tokens,
-                       total_tokens=prompt + self.metrics.new_tokens)
+        return s.Usage(
+            prompt_tokens=prompt,
+            completion_tokens=self.metrics.new_tokens,
+            total_tokens=prompt + self.metrics.new_tokens,
+        )
 
     def stats(self) -> dict[str, Any]:
         return {"drafter": self.plan.drafter, **self.metrics.to_dict()}
@@ -106,8 +121,7 @@ class _Shape:
     def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
         raise NotImplementedError
 
-    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None,
-              first: bool) -> Any:
+    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None, first: bool) -> Any:
         raise NotImplementedError
 
 
@@ -116,13 +130,18 @@ class _CompletionShape(_Shape):
 
     def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
         return s.CompletionResponse(
-            id=rid, created=created, model=model,
+            id=rid,
+            created=created,
+            model=model,
             choices=[s.CompletionChoice(text="".join(t.text), finish_reason=t.finish_reason)],
-            usage=t.usage(), speculative=t.stats(), provenance=t.provenance if t.plan.provenance else None,
+            usage=t.usage(),
+            speculative=t.stats(),
+            provenance=t.provenance if t.plan.provenance else None,
         )
 
-    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None,
-              first: bool) -> s.CompletionChunk:
+    def chunk(
+        self, rid: str, created: int, model: str, text: str | None, finish: str | None, first: bool
+    ) -> s.CompletionChunk:
         choices = [] if text is None else [s.CompletionChoice(text=text, finish_reason=finish)]
         return s.CompletionChunk(id=rid, created=created, model=model, choices=choices)
 
@@ -132,13 +151,18 @@ class _ChatShape(_Shape):
 
     def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
         return s.ChatCompletionResponse(
-            id=rid, created=created, model=model,
+            id=rid,
+            created=created,
+            model=model,
             choices=[s.ChatChoice(message=s.AssistantMessage(content="".join(t.text)), finish_reason=t.finish_reason)],
-            usage=t.usage(), speculative=t.stats(), provenance=t.provenance if t.plan.provenance else None,
+            usage=t.usage(),
+            speculative=t.stats(),
+            provenance=t.provenance if t.plan.provenance else None,
         )
 
-    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None,
-              first: bool) -> s.ChatCompletionChunk:
+    def chunk(
+        self, rid: str, created: int, model: str, text: str | None, finish: str | None, first: bool
+    ) -> s.ChatCompletionChunk:
         if text is None:
             choices = []
         else:
@@ -157,8 +181,9 @@ class _JobStream(StreamingResponse):
     gone, server stopping), even if the body was never started."""
 
     def __init__(self, content: AsyncIterator[str], job: Job) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self.job = job
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -216,8 +241,9 @@ class _CountRequests:
 class _Service:
     """The request-handling logic behind the routes."""
 
-    def __init__(self, settings: ServerSettings, target: LanguageModel, has_draft: bool, pool: WorkerPool,
-                 metrics: ServerMetrics) -> None:
+    def __init__(
+        self, settings: ServerSettings, target: LanguageModel, has_draft: bool, pool: WorkerPool, metrics: ServerMetrics
+    ) -> None:
         self.settings = settings
         self.tokenizer = target.tokenizer
         self.vocab_size = target.vocab_size
@@ -229,17 +255,26 @@ class _Service:
 
     def check_model(self, name: str) -> None:
         if name != self.settings.served_model:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves "
-                           f"{self.settings.served_model!r}", type="invalid_request_error", param="model",
-                           code="model_not_found")
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist; this server serves {self.settings.served_model!r}",
+                type="invalid_request_error",
+                param="model",
+                code="model_not_found",
+            )
 
     async def generate(self, request: s.GenerationRequest, prompt: list[int], shape: _Shape, http: Request) -> Any:
         request_plan = plan(request, prompt, self.settings, self.context_limit, self.has_draft)
         try:
             job = self.pool.admit()
         except QueueFull as exc:
-            raise APIError(exc.status, f"the server is busy ({exc}); retry later", type="rate_limit_error",
-                           code="rate_limit_exceeded", headers={"Retry-After": str(self.settings.retry_after)}) from exc
+            raise APIError(
+                exc.status,
+                f"the server is busy ({exc}); retry later",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(self.settings.retry_after)},
+            ) from exc
         self.metrics.prompt_tokens.inc(len(prompt))
         events = self.pool.run(job, request_plan.prompt, request_plan.config, request_plan.drafter)
         transcript = Transcript(request_plan, self.tokenizer)
@@ -262,8 +297,16 @@ class _Service:
             job.close("disconnect")
         return shape.response(rid, created, model, transcript)
 
-    async def _stream(self, events: AsyncIterator[StepEvent], t: Transcript, shape: _Shape, rid: str,
-                      created: int, model: str, include_usage: bool) -> AsyncIterator[str]:
+    async def _stream(
+        self,
+        events: AsyncIterator[StepEvent],
+        t: Transcript,
+        shape: _Shape,
+        rid: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+    ) -> AsyncIterator[str]:
         first = True
         try:
             async for event in events:
@@ -295,16 +338,24 @@ def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
     through a router: request counting names endpoints by ``app.routes``.)"""
     completion_shape, chat_shape = _CompletionShape(), _ChatShape()
 
-    @app.post("/v1/completions", dependencies=guarded, response_model=s.CompletionResponse,
-              responses=generation_responses(s.CompletionChunk))
+    @app.post(
+        "/v1/completions",
+        dependencies=guarded,
+        response_model=s.CompletionResponse,
+        responses=generation_responses(s.CompletionChunk),
+    )
     async def completions(body: s.CompletionRequest, http: Request) -> Any:
         """Complete a prompt (OpenAI `completions`); `stream: true` answers with SSE chunks."""
         service.check_model(body.model)
         prompt = encode_completion(body, service.tokenizer, service.vocab_size)
         return await service.generate(body, prompt, completion_shape, http)
 
-    @app.post("/v1/chat/completions", dependencies=guarded, response_model=s.ChatCompletionResponse,
-              responses=generation_responses(s.ChatCompletionChunk))
+    @app.post(
+        "/v1/chat/completions",
+        dependencies=guarded,
+        response_model=s.ChatCompletionResponse,
+        responses=generation_responses(s.ChatCompletionChunk),
+    )
     async def chat_completions(body: s.ChatCompletionRequest, http: Request) -> Any:
         """Answer a conversation with the target's chat template (OpenAI `chat.completions`)."""
         service.check_model(body.model)
@@ -314,14 +365,22 @@ def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
     def card() -> s.ModelCard:
         return s.ModelCard(id=service.settings.served_model, created=service.created)
 
-    @app.get("/v1/models", dependencies=guarded, response_model=s.ModelList,
-             responses=error_responses(s.ErrorResponse, GUARDED))
+    @app.get(
+        "/v1/models",
+        dependencies=guarded,
+        response_model=s.ModelList,
+        responses=error_responses(s.ErrorResponse, GUARDED),
+    )
     async def models() -> s.ModelList:
         """The served model."""
         return s.ModelList(data=[card()])
 
-    @app.get("/v1/models/{model:path}", dependencies=guarded, response_model=s.ModelCard,
-             responses=error_responses(s.ErrorResponse, {**GUARDED, **UNKNOWN_MODEL}))
+    @app.get(
+        "/v1/models/{model:path}",
+        dependencies=guarded,
+        response_model=s.ModelCard,
+        responses=error_responses(s.ErrorResponse, {**GUARDED, **UNKNOWN_MODEL}),
+    )
     async def model_info(model: str) -> s.ModelCard:
         service.check_model(model)
         return card()
@@ -334,17 +393,29 @@ def _add_status_routes(app: FastAPI, service: _Service) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         """Liveness and load: workers busy, requests waiting."""
-        return {"status": "ok", "model": settings.served_model, "draft": settings.draft,
-                "drafter": settings.default_drafter, "workers": pool.size, "active": pool.running,
-                "queued": pool.waiting, "queue_size": pool.queue_size}
+        return {
+            "status": "ok",
+            "model": settings.served_model,
+            "draft": settings.draft,
+            "drafter": settings.default_drafter,
+            "workers": pool.size,
+            "active": pool.running,
+            "queued": pool.waiting,
+            "queue_size": pool.queue_size,
+        }
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
-               draft: LanguageModel | None = None, log: Callable[[str], None] | None = None) -> FastAPI:
+def create_app(
+    settings: ServerSettings,
+    *,
+    target: LanguageModel | None = None,
+    draft: LanguageModel | None = None,
+    log: Callable[[str], None] | None = None,
+) -> FastAPI:
     """Build the server. Models are loaded from ``settings`` unless given; given models are
     only read (each worker forks them: shared weights, KV caches of its own). Models loaded
     here also get their costs measured for the cost policy (``draftwise.costs``). ``log``
@@ -362,8 +433,9 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
         raise ModelLoadError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
 
     metrics = ServerMetrics()
-    pool = WorkerPool(build_workers(target, draft, settings.workers, profile), settings.queue_size,
-                      settings.request_timeout, metrics)
+    pool = WorkerPool(
+        build_workers(target, draft, settings.workers, profile), settings.queue_size, settings.request_timeout, metrics
+    )
     service = _Service(settings, target, draft is not None, pool, metrics)
 
     @asynccontextmanager
@@ -391,13 +463,16 @@ def create_app(settings: ServerSettings, *, target: LanguageModel | None = None,
 
 def _install_middleware(app: FastAPI, settings: ServerSettings, metrics: ServerMetrics) -> list[Any]:
     """The body limit and request counting; returns the dependencies of the key-guarded routes."""
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
-                       error=lambda status, message: APIError(status, message).response())
-    authorize = bearer_guard(settings.api_key, lambda message, headers: APIError(
-        401, message, type="authentication_error", code="invalid_api_key", headers=headers))
-    app.add_middleware(_CountRequests, metrics=metrics,
-                       endpoints=lambda: {route.path for route in app.routes})  # type: ignore[attr-defined]
+    app.add_middleware(
+        BodyLimit, limit=settings.max_body_bytes, error=lambda status, message: APIError(status, message).response()
+    )
+    authorize = bearer_guard(
+        settings.api_key,
+        lambda message, headers: APIError(
+            401, message, type="authentication_error", code="invalid_api_key", headers=headers
+        ),
+    )
+    app.add_middleware(_CountRequests, metrics=metrics, endpoints=lambda: {route.path for route in app.routes})  # type: ignore[attr-defined]
     # Open without a key: /health and /metrics (probes, scrapers) and the API's description
     # (/docs, /redoc, /openapi.json), which holds nothing the source does not.
     return [Depends(authorize)]
-

@@ -22,8 +22,16 @@ class APIError(DraftwiseError):
     """An error for the client, with its HTTP status (``status``, this instance's own) and
     OpenAI error fields."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.body = ErrorBody(message=message, type=type, param=param, code=code)

@@ -15,31 +15,56 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("draftwise_requests", "HTTP requests by endpoint and status code",
-                                ["endpoint", "code"], registry=r)
-        self.generations = Counter("draftwise_generations", "finished generations by finish reason "
-                                   "(eos, stop, length, disconnect, timeout, error)", ["finish_reason"], registry=r)
-        self.cancelled = Counter("draftwise_generations_cancelled", "generations stopped early, by reason "
-                                 "(disconnect, timeout)", ["reason"], registry=r)
+        self.requests = Counter(
+            "draftwise_requests", "HTTP requests by endpoint and status code", ["endpoint", "code"], registry=r
+        )
+        self.generations = Counter(
+            "draftwise_generations",
+            "finished generations by finish reason (eos, stop, length, disconnect, timeout, error)",
+            ["finish_reason"],
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "draftwise_generations_cancelled",
+            "generations stopped early, by reason (disconnect, timeout)",
+            ["reason"],
+            registry=r,
+        )
         self.rejected = Counter("draftwise_requests_rejected", "requests refused with 429 (queue full)", registry=r)
         self.prompt_tokens = Counter("draftwise_prompt_tokens", "prompt tokens of admitted requests", registry=r)
-        self.tokens = Counter("draftwise_generated_tokens", "tokens generated (including work a disconnected "
-                              "client never read)", registry=r)
-        self.target_passes = Counter("draftwise_target_passes", "target model forward passes (one per step)",
-                                     registry=r)
+        self.tokens = Counter(
+            "draftwise_generated_tokens",
+            "tokens generated (including work a disconnected client never read)",
+            registry=r,
+        )
+        self.target_passes = Counter(
+            "draftwise_target_passes", "target model forward passes (one per step)", registry=r
+        )
         self.proposed = Counter("draftwise_draft_tokens_proposed", "draft tokens proposed", registry=r)
         self.accepted = Counter("draftwise_draft_tokens_accepted", "draft tokens the target accepted", registry=r)
-        self.proposed_at = Counter("draftwise_draft_position_proposed", "proposals reaching block position",
-                                   ["position"], registry=r)
-        self.accepted_at = Counter("draftwise_draft_position_accepted", "draft tokens accepted at block position "
-                                   "(acceptance by position = accepted / proposed)", ["position"], registry=r)
+        self.proposed_at = Counter(
+            "draftwise_draft_position_proposed", "proposals reaching block position", ["position"], registry=r
+        )
+        self.accepted_at = Counter(
+            "draftwise_draft_position_accepted",
+            "draft tokens accepted at block position (acceptance by position = accepted / proposed)",
+            ["position"],
+            registry=r,
+        )
         self.queue_depth = Gauge("draftwise_queue_depth", "admitted requests waiting for a worker", registry=r)
         self.active = Gauge("draftwise_active_generations", "generations running on a worker", registry=r)
-        self.ttft = Histogram("draftwise_time_to_first_token_seconds", "request arrival to first generated "
-                              "token (queueing and prefill included)", buckets=_LATENCY_BUCKETS, registry=r)
-        self.token_latency = Histogram("draftwise_time_per_output_token_seconds", "step time divided by the "
-                                       "tokens the step emitted, once per token", buckets=_LATENCY_BUCKETS,
-                                       registry=r)
+        self.ttft = Histogram(
+            "draftwise_time_to_first_token_seconds",
+            "request arrival to first generated token (queueing and prefill included)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.token_latency = Histogram(
+            "draftwise_time_per_output_token_seconds",
+            "step time divided by the tokens the step emitted, once per token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
 
     def observe_step(self, event: StepEvent, since_arrival: float | None) -> None:
         """Record one engine step; ``since_arrival`` is set on a request's first step (its TTFT)."""

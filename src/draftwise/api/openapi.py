@@ -17,10 +17,14 @@ from draftwise.web import drop_framework_422, error_responses
 GUARDED = {401: "missing or wrong API key (only when the server has one)"}
 UNKNOWN_MODEL = {404: "no such model (`model_not_found`): see GET /v1/models"}
 _GENERATION_ERRORS = {
-    400: "invalid request: the message says what is wrong, `param` names the field", **GUARDED, **UNKNOWN_MODEL,
-    411: "chunked request body: send a Content-Length", 413: "request body over the server's max_body_bytes",
+    400: "invalid request: the message says what is wrong, `param` names the field",
+    **GUARDED,
+    **UNKNOWN_MODEL,
+    411: "chunked request body: send a Content-Length",
+    413: "request body over the server's max_body_bytes",
     429: "every worker is busy and the queue is full: retry after Retry-After seconds",
-    500: "a fault in the server, never the request's", 504: "the request ran past the server's request_timeout",
+    500: "a fault in the server, never the request's",
+    504: "the request ran past the server's request_timeout",
 }
 # Models that only appear inside stream events, which FastAPI does not collect on its own.
 _EVENT_MODELS: tuple[type[BaseModel], ...] = (s.CompletionChunk, s.ChatCompletionChunk, s.ErrorResponse)
@@ -34,16 +38,22 @@ def _stream_event(chunk: type[BaseModel]) -> dict[str, Any]:
     """One server-sent event of a stream: a chunk, or an error (a fault or timeout after the
     200 went out), as JSON in ``data``; the last event's ``data`` is ``[DONE]``."""
     payload = {"anyOf": [_ref(chunk), _ref(s.ErrorResponse)]}
-    data = {"anyOf": [{"const": "[DONE]"},
-                      {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}]}
+    data = {
+        "anyOf": [
+            {"const": "[DONE]"},
+            {"type": "string", "contentMediaType": "application/json", "contentSchema": payload},
+        ]
+    }
     return {"type": "object", "required": ["data"], "properties": {"data": data}}
 
 
 def generation_responses(chunk: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
     """The ``responses`` of a generation route whose stream sends ``chunk`` objects."""
-    stream = {"description": "the completion; with `stream: true`, server-sent events whose `data` is one "
-                             "chunk object as JSON, the last one `[DONE]`",
-              "content": {"text/event-stream": {"schema": _stream_event(chunk)}}}
+    stream = {
+        "description": "the completion; with `stream: true`, server-sent events whose `data` is one "
+        "chunk object as JSON, the last one `[DONE]`",
+        "content": {"text/event-stream": {"schema": _stream_event(chunk)}},
+    }
     return {200: stream, **error_responses(s.ErrorResponse, _GENERATION_ERRORS)}
 
 
@@ -56,8 +66,9 @@ def complete(app: FastAPI, served_model: str) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schemas = build()["components"]["schemas"]  # FastAPI caches it in app.openapi_schema
-            _, definitions = models_json_schema([(m, "serialization") for m in _EVENT_MODELS],
-                                                ref_template="#/components/schemas/{model}")
+            _, definitions = models_json_schema(
+                [(m, "serialization") for m in _EVENT_MODELS], ref_template="#/components/schemas/{model}"
+            )
             for name, definition in definitions["$defs"].items():
                 schemas.setdefault(name, definition)
             for request in ("CompletionRequest", "ChatCompletionRequest"):

@@ -62,17 +62,24 @@ class Worker:
     profile: CostProfile = field(default_factory=CostProfile)
 
     def engine(self, drafter: DrafterName) -> SpeculativeEngine:
-        return SpeculativeEngine(LocalTarget(self.target), make_drafter(drafter, self.draft), self.target.tokenizer,
-                                 profile=self.profile)
+        return SpeculativeEngine(
+            LocalTarget(self.target), make_drafter(drafter, self.draft), self.target.tokenizer, profile=self.profile
+        )
 
 
-def build_workers(target: LanguageModel, draft: LanguageModel | None, count: int,
-                  profile: CostProfile | None = None) -> list[Worker]:
+def build_workers(
+    target: LanguageModel, draft: LanguageModel | None, count: int, profile: CostProfile | None = None
+) -> list[Worker]:
     """``count`` workers over the weights of ``target`` and ``draft``: forks, so the given
     models' own caches stay the caller's. Each starts from its own copy of ``profile``."""
-    return [Worker(target.fork(), draft.fork() if draft is not None else None,
-                   copy.deepcopy(profile) if profile is not None else CostProfile())
-            for _ in range(count)]
+    return [
+        Worker(
+            target.fork(),
+            draft.fork() if draft is not None else None,
+            copy.deepcopy(profile) if profile is not None else CostProfile(),
+        )
+        for _ in range(count)
+    ]
 
 
 class Job:
@@ -147,8 +154,9 @@ class WorkerPool:
         self._idle.put_nowait(worker)
         self._update_gauges()
 
-    async def run(self, job: Job, prompt: Sequence[int], config: GenerationConfig,
-                  drafter: DrafterName) -> AsyncIterator[StepEvent]:
+    async def run(
+        self, job: Job, prompt: Sequence[int], config: GenerationConfig, drafter: DrafterName
+    ) -> AsyncIterator[StepEvent]:
         """Wait for a worker, generate on it in a thread, and yield its step events."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout - (time.perf_counter() - job.arrived)
@@ -191,8 +199,15 @@ class WorkerPool:
             # already left its loop.
             job.cancel("disconnect")
 
-    def _produce(self, job: Job, worker: Worker, prompt: Sequence[int], config: GenerationConfig,
-                 drafter: DrafterName, push: Callable[[Any], None]) -> None:
+    def _produce(
+        self,
+        job: Job,
+        worker: Worker,
+        prompt: Sequence[int],
+        config: GenerationConfig,
+        drafter: DrafterName,
+        push: Callable[[Any], None],
+    ) -> None:
         """Worker thread: run the engine's stream, hand each event to the event loop."""
         metrics = self.metrics
         stream = None

@@ -21,8 +21,11 @@ class _Request(BaseModel):
 
 
 class _SpeculativeBase(_Request):
-    drafter: DrafterName | None = Field(None, description="model, ngram, hybrid (lookup where the context repeats, "
-                                      "the model elsewhere) or off (plain decoding); None = server default")
+    drafter: DrafterName | None = Field(
+        None,
+        description="model, ngram, hybrid (lookup where the context repeats, "
+        "the model elsewhere) or off (plain decoding); None = server default",
+    )
     provenance: bool = Field(
         False, description="add each token's origin (accepted draft, correction, bonus) and probabilities to the output"
     )

@@ -20,14 +20,20 @@ class ServerSettings(BaseModel):
     target: str = Field(..., description="target model source (registry name, folder, .gguf file, tiny:SEED)")
     draft: str | None = Field(None, description="draft model source; needed for the 'model' drafter")
     drafter: DrafterName | None = Field(
-        None, description="default drafter of requests: model, ngram, hybrid or off; None = hybrid if a draft is loaded, else ngram"
+        None,
+        description="default drafter of requests: model, ngram, hybrid or off; None = hybrid if a draft is loaded, "
+        "else ngram",
     )
-    model_name: str | None = Field(None, description="model id shown in /v1/models and expected in requests; None = target")
+    model_name: str | None = Field(
+        None, description="model id shown in /v1/models and expected in requests; None = target"
+    )
     models: ModelOptions = Field(ModelOptions(), description="how the models are loaded and run")
     host: str = Field("127.0.0.1", description="address to bind; loopback unless told otherwise")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
     workers: int = Field(
-        1, ge=1, le=64,
+        1,
+        ge=1,
+        le=64,
         description="generations run at once; each worker has its own KV caches over the shared weights",
     )
     api_key: SecretStr | None = Field(
@@ -41,11 +47,13 @@ class ServerSettings(BaseModel):
         None, ge=2, description="prompt + completion tokens allowed; None = the target's own limit"
     )
     generation: GenerationConfig = Field(
-        GenerationConfig(), description="request defaults: max_new_tokens is the default max_tokens, draft the default speculation"
+        GenerationConfig(),
+        description="request defaults: max_new_tokens is the default max_tokens, draft the default speculation",
     )
     ray: ServeScale | None = Field(
-        None, description="run as a Ray Serve deployment of this many replicas (workers, queue and limits are per "
-        "replica; host and port are Serve's proxy); None = one process on uvicorn"
+        None,
+        description="run as a Ray Serve deployment of this many replicas (workers, queue and limits are per "
+        "replica; host and port are Serve's proxy); None = one process on uvicorn",
     )
 
     @model_validator(mode="after")

@@ -63,8 +63,9 @@ def _validated(cls: type, data: dict[str, Any], prefix: tuple[str, ...]) -> Any:
         raise validation_error(errors) from exc
 
 
-def plan(request: GenerationRequest, prompt: list[int], settings: ServerSettings, context_limit: int | None,
-         has_draft: bool) -> Plan:
+def plan(
+    request: GenerationRequest, prompt: list[int], settings: ServerSettings, context_limit: int | None, has_draft: bool
+) -> Plan:
     """Check the request against the server and build the engine's config."""
     if not prompt:
         raise invalid("the prompt is empty", param="prompt")
@@ -93,15 +94,23 @@ def plan(request: GenerationRequest, prompt: list[int], settings: ServerSettings
     draft = _validated(DraftConfig, {**defaults.draft.model_dump(), **overrides}, ("speculative",))
     sampling = _validated(
         SamplingConfig,
-        {**defaults.sampling.model_dump(), "temperature": request.temperature, "top_p": request.top_p,
-         "seed": request.seed},
+        {
+            **defaults.sampling.model_dump(),
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "seed": request.seed,
+        },
         (),
     )
     config = _validated(
         GenerationConfig,
-        {**defaults.model_dump(), "max_new_tokens": max_new, "stop": tuple(request.stop or ()),
-         "sampling": sampling, "draft": draft},
+        {
+            **defaults.model_dump(),
+            "max_new_tokens": max_new,
+            "stop": tuple(request.stop or ()),
+            "sampling": sampling,
+            "draft": draft,
+        },
         (),
     )
-    return Plan(prompt=prompt, config=config, drafter=drafter,
-                provenance=options is not None and options.provenance)
+    return Plan(prompt=prompt, config=config, drafter=drafter, provenance=options is not None and options.provenance)

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from draftwise.backends.anchor_settings import HF_SCHEDULE, pld_tokens
 from draftwise.backends.hf import HFModel
 from draftwise.bench.methods import Trace
-from draftwise.backends.anchor_settings import HF_SCHEDULE, pld_tokens
 from draftwise.config import GenerationConfig
 
 
@@ -66,8 +66,7 @@ class HFMethod:
         if not s.greedy:
             options.update(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         if self.name == "hf-pld":
-            options.update(prompt_lookup_num_tokens=pld_tokens(config),
-                           max_matching_ngram_size=config.draft.ngram_max)
+            options.update(prompt_lookup_num_tokens=pld_tokens(config), max_matching_ngram_size=config.draft.ngram_max)
         return HFGenerationConfig(**options)
 
     def _configure_assistant(self, config: GenerationConfig) -> None:
@@ -91,14 +90,20 @@ class HFMethod:
         started = time.perf_counter()
         streamer = _ArrivalStreamer(started)
         out = self.target.model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=generation_config,
-            streamer=streamer, **extra,
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            generation_config=generation_config,
+            streamer=streamer,
+            **extra,
         )
         wall = time.perf_counter() - started
-        tokens = out[0, input_ids.shape[1]:].tolist()
+        tokens = out[0, input_ids.shape[1] :].tolist()
         eos = set(generation_config.eos_token_id or [])
         reason = "eos" if tokens and tokens[-1] in eos else "length"
-        return Trace(tokens=tokens, arrivals=streamer.arrivals, step_tokens=streamer.step_tokens,
-                     wall_seconds=wall, finish_reason=reason)
-
-
+        return Trace(
+            tokens=tokens,
+            arrivals=streamer.arrivals,
+            step_tokens=streamer.step_tokens,
+            wall_seconds=wall,
+            finish_reason=reason,
+        )

@@ -74,23 +74,38 @@ class LlamaCppPythonMethod:
         if name == "llamacpp-pld":
             # llama-cpp-python then computes logits at every position (logits_all): its own
             # price for prompt lookup, which its users pay too, so it stays in the measurement.
-            draft_model = LlamaPromptLookupDecoding(num_pred_tokens=pld_tokens(generation),
-                                                    max_ngram_size=generation.draft.ngram_max)
+            draft_model = LlamaPromptLookupDecoding(
+                num_pred_tokens=pld_tokens(generation), max_ngram_size=generation.draft.ngram_max
+            )
         self.name = name
         self.target = target
         # logits_all is forced on with a draft model, but Llama sizes its score buffer from the
         # argument (n_batch rows without it), so a prompt past n_batch tokens would overflow it.
-        self.llm = Llama(model_path=str(target.weights.path), n_ctx=target.n_ctx, n_batch=BATCH,
-                         n_threads=target.threads, n_threads_batch=target.threads, n_gpu_layers=0,
-                         draft_model=draft_model, logits_all=draft_model is not None, verbose=False)
+        self.llm = Llama(
+            model_path=str(target.weights.path),
+            n_ctx=target.n_ctx,
+            n_batch=BATCH,
+            n_threads=target.threads,
+            n_threads_batch=target.threads,
+            n_gpu_layers=0,
+            draft_model=draft_model,
+            logits_all=draft_model is not None,
+            verbose=False,
+        )
         self.passes = _PassCounter(self.llm)
 
     def _options(self, sampling: SamplingConfig) -> dict[str, Any]:
         if sampling.greedy:
             return {"temp": 0.0}
         # min_p and typical_p default to active values in Llama.generate: off, as in draftwise.
-        return {"temp": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0}
+        return {
+            "temp": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "min_p": 0.0,
+            "typical_p": 1.0,
+            "repeat_penalty": 1.0,
+        }
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Trace:
         # Without a reset, generate would reuse the KV cache of a previous call's common
@@ -118,8 +133,7 @@ class LlamaCppPythonMethod:
             generator.close()
         wall = time.perf_counter() - started
         reason = "eos" if tokens and tokens[-1] in eos else "length"
-        return Trace(tokens=tokens, arrivals=arrivals, step_tokens=step_tokens, wall_seconds=wall,
-                     finish_reason=reason)
+        return Trace(tokens=tokens, arrivals=arrivals, step_tokens=step_tokens, wall_seconds=wall, finish_reason=reason)
 
 
 class LlamaCppSpecMethod:
@@ -146,8 +160,9 @@ class LlamaCppSpecMethod:
             raise BenchError("method llamacpp-spec needs --llama-cpp-bin DIR (`make llama-cpp-bin` builds it)")
         self.binary = Path(config.llama_cpp_bin) / SPEC_BINARY
         if not self.binary.is_file():
-            raise BenchError(f"method llamacpp-spec: no {SPEC_BINARY} in {config.llama_cpp_bin} "
-                             "(`make llama-cpp-bin` builds it)")
+            raise BenchError(
+                f"method llamacpp-spec: no {SPEC_BINARY} in {config.llama_cpp_bin} (`make llama-cpp-bin` builds it)"
+            )
         self.target = target
         self.draft = draft
 
@@ -156,35 +171,70 @@ class LlamaCppSpecMethod:
         batch = str(max(BATCH, n_prompt))  # the binary decodes the whole prompt in one batch
         threads = str(self.target.threads)
         command = [
-            str(self.binary), "-m", str(self.target.weights.path), "-md", str(self.draft.weights.path),
-            "-f", str(prompt_file), "-c", str(self.target.n_ctx), "-b", batch, "-ub", batch,
-            "-t", threads, "-tb", threads,
-            "--spec-type", "draft-simple", "--spec-draft-n-max", str(spec_draft_max(config)),
-            "--spec-draft-n-min", "0", "--spec-draft-p-min", str(d.confidence_threshold),
+            str(self.binary),
+            "-m",
+            str(self.target.weights.path),
+            "-md",
+            str(self.draft.weights.path),
+            "-f",
+            str(prompt_file),
+            "-c",
+            str(self.target.n_ctx),
+            "-b",
+            batch,
+            "-ub",
+            batch,
+            "-t",
+            threads,
+            "-tb",
+            threads,
+            "--spec-type",
+            "draft-simple",
+            "--spec-draft-n-max",
+            str(spec_draft_max(config)),
+            "--spec-draft-n-min",
+            "0",
+            "--spec-draft-p-min",
+            str(d.confidence_threshold),
             # It stops once it has sampled more than -n tokens: n - 1 yields at least n.
-            "-n", str(config.max_new_tokens - 1),
+            "-n",
+            str(config.max_new_tokens - 1),
         ]
         if s.greedy:
             return [*command, "--temp", "0"]
-        return [*command, "--temp", str(s.temperature), "--top-k", str(s.top_k), "--top-p", str(s.top_p),
-                "--min-p", "0", "--seed", str(_seed(s))]
+        return [
+            *command,
+            "--temp",
+            str(s.temperature),
+            "--top-k",
+            str(s.top_k),
+            "--top-p",
+            str(s.top_p),
+            "--min-p",
+            "0",
+            "--seed",
+            str(_seed(s)),
+        ]
 
     def _prompt_text(self, prompt_ids: Sequence[int]) -> str:
         """The prompt as text the binary tokenizes back into ``prompt_ids`` (it adds BOS itself)."""
         tokenizer = self.target.tokenizer
         added = tokenizer.encode("", add_special_tokens=True)  # what its tokenizer adds: BOS or nothing
         ids = list(prompt_ids)
-        body = ids[len(added):] if added and ids[:len(added)] == added else ids
+        body = ids[len(added) :] if added and ids[: len(added)] == added else ids
         text = tokenizer.decode(body, skip_special_tokens=False)
         if tokenizer.encode(text, add_special_tokens=True) != ids:
-            raise BenchError("method llamacpp-spec: the prompt does not survive a round trip through text, "
-                             "so the binary would see other tokens")
+            raise BenchError(
+                "method llamacpp-spec: the prompt does not survive a round trip through text, "
+                "so the binary would see other tokens"
+            )
         return text
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Trace:
         if config.eos_token_ids is not None:
-            raise BenchError("method llamacpp-spec stops on the model's own end-of-generation tokens: "
-                             "leave eos_token_ids unset")
+            raise BenchError(
+                "method llamacpp-spec stops on the model's own end-of-generation tokens: leave eos_token_ids unset"
+            )
         text = self._prompt_text(prompt_ids)
         with tempfile.TemporaryDirectory(prefix="draftwise-spec-") as folder:
             prompt_file = Path(folder) / "prompt.txt"
@@ -213,12 +263,11 @@ def parse_generated(stdout: bytes, echo: bytes) -> str:
     """The generated text in the binary's stdout: what follows the prompt echo ``echo``."""
     if not stdout.startswith(echo):
         raise BenchError(f"method llamacpp-spec: {SPEC_BINARY}'s output does not start with the prompt")
-    body = stdout[len(echo):]
+    body = stdout[len(echo) :]
     return (body[: -len(_ECHO_TAIL)] if body.endswith(_ECHO_TAIL) else body).decode("utf-8", "replace")
 
 
-def spec_trace(generated: str, timings: dict[str, tuple[int, float]], tokenizer: Any, max_new_tokens: int
-               ) -> Trace:
+def spec_trace(generated: str, timings: dict[str, tuple[int, float]], tokenizer: Any, max_new_tokens: int) -> Trace:
     """The ``Trace`` of one binary run (see ``LlamaCppSpecMethod``) from its text and timings."""
     decoded = timings["decoded"][0]  # every token it sampled, an end-of-generation one included
     printed = tokenizer.encode(generated, add_special_tokens=False)
@@ -232,8 +281,14 @@ def spec_trace(generated: str, timings: dict[str, tuple[int, float]], tokenizer:
     # for and their share of the decode time, rather than charging the anchor for the rest.
     share = 1.0 if eos or not decoded else min(1.0, len(tokens) / decoded)
     wall = timings["encoded"][1] + share * timings["decoded"][1]
-    return Trace(tokens=tokens, arrivals=[wall], step_tokens=[len(tokens)], wall_seconds=wall,
-                 finish_reason="eos" if eos else "length", timed_deliveries=False)
+    return Trace(
+        tokens=tokens,
+        arrivals=[wall],
+        step_tokens=[len(tokens)],
+        wall_seconds=wall,
+        finish_reason="eos" if eos else "length",
+        timed_deliveries=False,
+    )
 
 
 def parse_timings(stderr: str) -> dict[str, tuple[int, float]]:
@@ -244,8 +299,7 @@ def parse_timings(stderr: str) -> dict[str, tuple[int, float]]:
     return found
 
 
-def build_llamacpp_anchor(name: str, config: BenchConfig, target: LlamaCppModel,
-                          draft: LlamaCppModel | None) -> Method:
+def build_llamacpp_anchor(name: str, config: BenchConfig, target: LlamaCppModel, draft: LlamaCppModel | None) -> Method:
     """The anchor ``name`` over the already loaded target (and draft, for ``llamacpp-spec``)."""
     if name == "llamacpp-spec":
         if draft is None:
@@ -255,6 +309,5 @@ def build_llamacpp_anchor(name: str, config: BenchConfig, target: LlamaCppModel,
         try:
             return LlamaCppPythonMethod(name, target, config.generation)
         except ValueError as exc:  # Llama raises ValueError when it cannot load the file
-            raise BenchError(f"method {name}: llama-cpp-python cannot load {target.weights.path.name}: "
-                             f"{exc}") from None
+            raise BenchError(f"method {name}: llama-cpp-python cannot load {target.weights.path.name}: {exc}") from None
     raise BenchError(f"unknown llama.cpp anchor {name}")

@@ -45,8 +45,9 @@ def _compiled(template: str) -> Any:
     return env.from_string(template)
 
 
-def render_chat(template: str, messages: list[dict[str, str]], add_generation_prompt: bool,
-                special: dict[str, str]) -> str:
+def render_chat(
+    template: str, messages: list[dict[str, str]], add_generation_prompt: bool, special: dict[str, str]
+) -> str:
     """``messages`` through a Jinja chat ``template``; ``special`` names tokens such as
     ``bos_token`` that templates write out."""
     from jinja2 import TemplateError
@@ -98,15 +99,17 @@ class GGUFTokenizer:
         capacity = 16 * len(ids) + 16
         for _ in range(2):
             buffer = ctypes.create_string_buffer(capacity)
-            n = self._api.llama_detokenize(self._vocab, tokens, len(ids), buffer, capacity, False,
-                                           not skip_special_tokens)
+            n = self._api.llama_detokenize(
+                self._vocab, tokens, len(ids), buffer, capacity, False, not skip_special_tokens
+            )
             if n >= 0:
                 return buffer.raw[:n].decode("utf-8", "replace")
             capacity = -n
         raise RuntimeError("llama_detokenize asked for more room twice")
 
-    def apply_chat_template(self, conversation: list[dict[str, str]], *, tokenize: bool = False,
-                            add_generation_prompt: bool = False) -> str:
+    def apply_chat_template(
+        self, conversation: list[dict[str, str]], *, tokenize: bool = False, add_generation_prompt: bool = False
+    ) -> str:
         if tokenize:
             raise ValueError("apply_chat_template renders text; encode it with encode(text, add_special_tokens=False)")
         if not self.chat_template:

@@ -52,11 +52,13 @@ class HFTokenizer:
         with self._lock:
             return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, conversation: list[dict[str, str]], *, tokenize: bool = False,
-                            add_generation_prompt: bool = False) -> str:
+    def apply_chat_template(
+        self, conversation: list[dict[str, str]], *, tokenize: bool = False, add_generation_prompt: bool = False
+    ) -> str:
         with self._lock:
-            return self.hf.apply_chat_template(conversation, tokenize=tokenize,
-                                               add_generation_prompt=add_generation_prompt)
+            return self.hf.apply_chat_template(
+                conversation, tokenize=tokenize, add_generation_prompt=add_generation_prompt
+            )
 
     def get_vocab(self) -> dict[str, int]:
         with self._lock:

@@ -69,8 +69,9 @@ def pick_dtype(root: Path | None = None) -> tuple[str, str]:
 
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.processor()
+    )
     key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|float32 packed for 1+8 rows"
     cache = (root or home()) / "dtype.json"
     try:
@@ -89,8 +90,10 @@ def pick_dtype(root: Path | None = None) -> tuple[str, str]:
     fp32 = min(_bench_linear(torch.float32), _bench_linear(torch.float32))
     bf16 = min(_bench_linear(torch.bfloat16), _bench_linear(torch.bfloat16)) if close else float("inf")
     dtype = "bfloat16" if bf16 < fp32 else "float32"
-    why = (f"auto dtype: {dtype} (decoder matmuls, 1 + 8 rows: float32 {fp32 * 1e3:.2f} ms, "
-           f"bfloat16 {'inaccurate' if not close else f'{bf16 * 1e3:.2f} ms'})")
+    why = (
+        f"auto dtype: {dtype} (decoder matmuls, 1 + 8 rows: float32 {fp32 * 1e3:.2f} ms, "
+        f"bfloat16 {'inaccurate' if not close else f'{bf16 * 1e3:.2f} ms'})"
+    )
     decisions[key] = {"dtype": dtype, "why": why}
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -173,9 +176,16 @@ def _device(options: ModelOptions) -> str:
     return options.device
 
 
-def load_hf(source: str, location: Path | str, options: ModelOptions, *, draft: bool = False,
-            log: Callable[[str], None] | None = None, pack: bool | None = None,
-            pack_rows: tuple[int, ...] | None = None) -> HFModel:
+def load_hf(
+    source: str,
+    location: Path | str,
+    options: ModelOptions,
+    *,
+    draft: bool = False,
+    log: Callable[[str], None] | None = None,
+    pack: bool | None = None,
+    pack_rows: tuple[int, ...] | None = None,
+) -> HFModel:
     """Load ``location`` (what ``draftwise.loading.resolve`` made of ``source``) with transformers.
 
     ``log`` receives one-line notes meant for the user (the dtype decision, a first-time GGUF
@@ -223,8 +233,9 @@ def load_hf(source: str, location: Path | str, options: ModelOptions, *, draft: 
     return _with_weight_formats(lm, quantize, pack is not False and device == "cpu", rows, log)
 
 
-def _with_weight_formats(lm: HFModel, quantize: str, pack: bool, pack_rows: tuple[int, ...], log: Callable[[str], None]
-               ) -> HFModel:
+def _with_weight_formats(
+    lm: HFModel, quantize: str, pack: bool, pack_rows: tuple[int, ...], log: Callable[[str], None]
+) -> HFModel:
     """Apply the weight formats of ``draftwise.quant``: quantization first, then packing of
     whatever float32 layers are left."""
     if quantize != "none":
@@ -263,13 +274,18 @@ def _affordable(pack_rows: tuple[int, ...], model: Any, log: Callable[[str], Non
 
     if len(pack_rows) < 2:
         return pack_rows
-    weight_bytes = sum(m.weight.numel() * 4 for m in model.modules()
-                       if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32)
+    weight_bytes = sum(
+        m.weight.numel() * 4
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32
+    )
     memory = memory_bytes()
     if memory is None:
         return (max(pack_rows),)
     if weight_bytes * len(pack_rows) <= memory // 2:
         return pack_rows
-    log(f"packing weights for {max(pack_rows)}-row blocks only: {len(pack_rows)} layouts would take "
-        f"{weight_bytes * len(pack_rows) / 2**30:.1f} GiB of {memory / 2**30:.1f} GiB")
+    log(
+        f"packing weights for {max(pack_rows)}-row blocks only: {len(pack_rows)} layouts would take "
+        f"{weight_bytes * len(pack_rows) / 2**30:.1f} GiB of {memory / 2**30:.1f} GiB"
+    )
     return (max(pack_rows),)

@@ -97,8 +97,10 @@ class LlamaCppWeights:
         self.path = path
         self.name = name
         if api.llama_model_is_recurrent(model) or api.llama_model_is_hybrid(model):
-            raise ModelLoadError(f"{path.name} has recurrent layers, whose state cannot be rolled back; "
-                                 "speculative decoding needs a cache that can (use a transformer model)")
+            raise ModelLoadError(
+                f"{path.name} has recurrent layers, whose state cannot be rolled back; "
+                "speculative decoding needs a cache that can (use a transformer model)"
+            )
         self.vocab = api.llama_model_get_vocab(model)
         self.n_vocab = int(api.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(api.llama_model_n_ctx_train(model))
@@ -129,8 +131,9 @@ class LlamaCppModel:
         params.swa_full = True  # sliding-window layers keep every position, so any rollback works
         ctx = api.llama_init_from_model(weights.ptr, params)
         if not ctx:
-            raise ModelLoadError(f"llama.cpp cannot make a context of {n_ctx} positions for {weights.path.name}: "
-                                 f"{library().reason()}")
+            raise ModelLoadError(
+                f"llama.cpp cannot make a context of {n_ctx} positions for {weights.path.name}: {library().reason()}"
+            )
         self.ctx = ctx
         self.n_ctx = int(api.llama_n_ctx(ctx))
         self._memory = api.llama_get_memory(ctx)
@@ -167,8 +170,10 @@ class LlamaCppModel:
     @property
     def fingerprint(self) -> str:
         stat = self.weights.path.stat()
-        return (f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
-                f"{self.n_ctx} positions")
+        return (
+            f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
+            f"{self.n_ctx} positions"
+        )
 
     def fork(self) -> LlamaCppModel:
         """A new sequence over the same weights: a context of its own, nothing loaded again."""
@@ -198,7 +203,8 @@ class LlamaCppModel:
         if len(self.tokens) + n > self.n_ctx:
             raise ContextOverflowError(
                 f"{len(self.tokens) + n} tokens do not fit in {self.name}'s context of {self.n_ctx} positions "
-                "(--context sets it, up to the model's own)")
+                "(--context sets it, up to the model's own)"
+            )
         want = n if not last else min(last, n)
         pieces: list[torch.Tensor] = []
         start = 0
@@ -227,7 +233,7 @@ class LlamaCppModel:
         self._batch_pos[:m] = np.arange(position, position + m, dtype=np.int32)
         self._batch_out[:m] = 0
         if outputs:
-            self._batch_out[m - outputs:m] = 1
+            self._batch_out[m - outputs : m] = 1
         status = self.api.llama_decode(self.ctx, batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed ({status}) on {self.name}: {library().reason()}")
@@ -239,10 +245,15 @@ class LlamaCppModel:
 
 def _file_type_name(api: Any, file_type: int) -> str:
     """``Q4_K_M`` for llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M, and so on."""
-    names = {value: name for name, value in vars(api).items()
-             if name.startswith("LLAMA_FTYPE_") and isinstance(value, int) and name != "LLAMA_FTYPE_GUESSED"}
+    names = {
+        value: name
+        for name, value in vars(api).items()
+        if name.startswith("LLAMA_FTYPE_") and isinstance(value, int) and name != "LLAMA_FTYPE_GUESSED"
+    }
     name = names.get(file_type & ~1024)  # 1024: the type was guessed from the tensors
-    return name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_") if name else f"type {file_type}"
+    return (
+        name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_") if name else f"type {file_type}"
+    )
 
 
 def _free_context(api: Any, ctx: Any, batch: Any, weights: LlamaCppWeights) -> None:
@@ -288,8 +299,9 @@ def requantized(path: Path, quant: str, threads: int, log: Callable[[str], None]
     return out
 
 
-def load_llamacpp(source: str, path: Path, options: ModelOptions, *, draft: bool = False,
-                  log: Callable[[str], None] | None = None) -> LlamaCppModel:
+def load_llamacpp(
+    source: str, path: Path, options: ModelOptions, *, draft: bool = False, log: Callable[[str], None] | None = None
+) -> LlamaCppModel:
     """Load the GGUF file ``path`` (named ``source`` by the user) on llama.cpp; a draft is
     requantized first as ``options.draft_quant`` says."""
     log = log or (lambda message: None)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
 # Above this many rows (a long prompt's prefill) the weight-only kernels, made for a few
 # rows, lose to dequantizing the weights and one dense float32 product: the kernels' cost
 # grows per row faster than the dense product's, and dequantizing is a fixed cost paid once
@@ -69,8 +68,9 @@ class Int4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] > DENSE_ROWS:
             return _dense(self, x, flat)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.to(torch.bfloat16), self.packed, self.group_size,
-                                                         self.scales_zeros)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            flat.to(torch.bfloat16), self.packed, self.group_size, self.scales_zeros
+        )
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -137,8 +137,9 @@ class PackedLinear(nn.Module):
         weight = linear.weight.detach().float()
         # Opaque oneDNN tensors: kept out of state_dict (they cannot be saved or moved).
         for count in self.rows:
-            self.register_buffer(f"packed_{count}", torch.ops.mkldnn._reorder_linear_weight(weight, count),
-                                 persistent=False)
+            self.register_buffer(
+                f"packed_{count}", torch.ops.mkldnn._reorder_linear_weight(weight, count), persistent=False
+            )
         bias = linear.bias.detach().float() if linear.bias is not None else None
         self.register_buffer("bias", bias)
 

@@ -81,12 +81,20 @@ def prompt_decode_rate(turns: Sequence[Record]) -> float | None:
     return sum(p[0] for p in phases) / seconds if seconds > 0 else None
 
 
-def relative_speed(method: str, base: str, prompt_ids: Sequence[str], complete: Complete,
-                   rate: Callable[[Sequence[Record]], float | None]) -> float | None:
+def relative_speed(
+    method: str,
+    base: str,
+    prompt_ids: Sequence[str],
+    complete: Complete,
+    rate: Callable[[Sequence[Record]], float | None],
+) -> float | None:
     """Mean ``rate`` of ``method`` over that of ``base``, on the prompts both finished and
     both have a rate for; None when there are none."""
-    pairs = [(rate(complete[(method, pid)]), rate(complete[(base, pid)])) for pid in prompt_ids
-             if (method, pid) in complete and (base, pid) in complete]
+    pairs = [
+        (rate(complete[(method, pid)]), rate(complete[(base, pid)]))
+        for pid in prompt_ids
+        if (method, pid) in complete and (base, pid) in complete
+    ]
     pairs = [(own, ref) for own, ref in pairs if own is not None and ref is not None]
     if not pairs:
         return None
@@ -106,8 +114,11 @@ def complete_prompts(records: Sequence[Record], prompts: Sequence[Prompt]) -> Co
     for r in records:
         if r["prompt_id"] in n_turns:
             by[(r["method"], r["prompt_id"])][r["turn"]] = r
-    return {key: [turns[t] for t in range(n_turns[key[1]])] for key, turns in by.items()
-            if all(t in turns for t in range(n_turns[key[1]]))}
+    return {
+        key: [turns[t] for t in range(n_turns[key[1]])]
+        for key, turns in by.items()
+        if all(t in turns for t in range(n_turns[key[1]]))
+    }
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -174,14 +185,17 @@ def _time_split(records: Sequence[Record]) -> dict[str, float]:
     return split
 
 
-def _speed_stats(method: str, prompt_ids: Sequence[str], complete: Complete, bases: Sequence[str]
-                 ) -> dict[str, Any]:
+def _speed_stats(method: str, prompt_ids: Sequence[str], complete: Complete, bases: Sequence[str]) -> dict[str, Any]:
     """tokens/s with and without prefill, and the speedups over each base (reference, anchors)."""
     mine = [pid for pid in prompt_ids if (method, pid) in complete]
     decode = [x for x in (prompt_decode_rate(complete[(method, pid)]) for pid in mine) if x is not None]
-    over = {base: {"speedup": relative_speed(method, base, prompt_ids, complete, prompt_rate),
-                   "decode_speedup": relative_speed(method, base, prompt_ids, complete, prompt_decode_rate)}
-            for base in bases}
+    over = {
+        base: {
+            "speedup": relative_speed(method, base, prompt_ids, complete, prompt_rate),
+            "decode_speedup": relative_speed(method, base, prompt_ids, complete, prompt_decode_rate),
+        }
+        for base in bases
+    }
     return {
         "tokens_per_second": mean(prompt_rate(complete[(method, pid)]) for pid in mine),
         "decode_tokens_per_second": mean(decode) if decode else None,
@@ -209,8 +223,9 @@ def _delivery_stats(records: Sequence[Record]) -> dict[str, Any]:
     }
 
 
-def method_stats(method: str, prompt_ids: Sequence[str], complete: Complete, greedy: bool,
-                 bases: Sequence[str] = (REFERENCE,)) -> dict[str, Any]:
+def method_stats(
+    method: str, prompt_ids: Sequence[str], complete: Complete, greedy: bool, bases: Sequence[str] = (REFERENCE,)
+) -> dict[str, Any]:
     mine = [pid for pid in prompt_ids if (method, pid) in complete]
     paired = [pid for pid in mine if (REFERENCE, pid) in complete]
     records = [r for pid in mine for r in complete[(method, pid)]]
@@ -252,8 +267,9 @@ def mismatches(method: str, prompt_ids: Sequence[str], complete: Complete) -> li
     return found
 
 
-def summarize(records: Sequence[Record], prompts: Sequence[Prompt], methods: Sequence[str],
-              greedy: bool) -> dict[str, Any]:
+def summarize(
+    records: Sequence[Record], prompts: Sequence[Prompt], methods: Sequence[str], greedy: bool
+) -> dict[str, Any]:
     """Statistics per subtask and overall, per method, plus the losslessness audit."""
     complete = complete_prompts(records, prompts)
     groups = {OVERALL: [p.id for p in prompts]}
@@ -262,8 +278,8 @@ def summarize(records: Sequence[Record], prompts: Sequence[Prompt], methods: Seq
     bases = speed_bases(methods)
     return {
         "bases": bases,
-        "groups": {g: {m: method_stats(m, ids, complete, greedy, bases) for m in methods}
-                   for g, ids in groups.items()},
+        "groups": {g: {m: method_stats(m, ids, complete, greedy, bases) for m in methods} for g, ids in groups.items()},
         "mismatches": {m: mismatches(m, groups[OVERALL], complete) for m in methods if m != REFERENCE}
-        if greedy else {},
+        if greedy
+        else {},
     }

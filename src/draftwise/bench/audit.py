@@ -25,8 +25,9 @@ NEAR_TIE = 0.25
 
 
 @torch.inference_mode()
-def score_output(lm: LanguageModel, prompt_ids: Sequence[int], tokens: Sequence[int]
-                 ) -> tuple[float | None, list[float]]:
+def score_output(
+    lm: LanguageModel, prompt_ids: Sequence[int], tokens: Sequence[int]
+) -> tuple[float | None, list[float]]:
     """Perplexity of ``tokens`` under ``lm`` after ``prompt_ids``, and the gap between the
     target's top two logits at each output position (before that position's token)."""
     if not tokens:

@@ -42,13 +42,16 @@ class BenchError(DraftwiseError, ValueError):
 class BenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    target: str = Field("qwen2.5-coder-1.5b",
-                        description="target model: registry name, .gguf file, folder or tiny:SEED")
-    draft: str = Field("qwen2.5-coder-0.5b",
-                       description="draft model of the methods that draft with a model (model, hybrid, anchors)")
+    target: str = Field(
+        "qwen2.5-coder-1.5b", description="target model: registry name, .gguf file, folder or tiny:SEED"
+    )
+    draft: str = Field(
+        "qwen2.5-coder-0.5b", description="draft model of the methods that draft with a model (model, hybrid, anchors)"
+    )
     methods: tuple[MethodName, ...] = Field(
         ("baseline", "model", "ngram", "hybrid"),
-        description="methods to compare; 'baseline' (draftwise's plain decoding) is always run")
+        description="methods to compare; 'baseline' (draftwise's plain decoding) is always run",
+    )
     data: str = Field(SPEC_BENCH, description="'spec_bench' (packaged) or a JSONL file of prompts")
     subtasks: tuple[str, ...] | None = Field(None, description="subtasks to run; None = all in the data")
     limit: int | None = Field(None, ge=1, description="prompts per subtask")
@@ -58,10 +61,13 @@ class BenchConfig(BaseModel):
     generation: GenerationConfig = GenerationConfig()
     out: Path = Field(Path("draftwise-bench"), description="folder for results.jsonl, report.md and plots")
     llama_cpp_bin: Path | None = Field(
-        None, description="folder holding llama.cpp's own llama-speculative-simple (`make llama-cpp-bin` builds it), "
-        "for the llamacpp-spec method")
+        None,
+        description="folder holding llama.cpp's own llama-speculative-simple (`make llama-cpp-bin` builds it), "
+        "for the llamacpp-spec method",
+    )
     ray: BenchWorkers | None = Field(
-        None, description="run the prompts on Ray workers (draftwise bench --ray); None = in this process")
+        None, description="run the prompts on Ray workers (draftwise bench --ray); None = in this process"
+    )
 
     @field_validator("methods")
     @classmethod
@@ -73,8 +79,10 @@ class BenchConfig(BaseModel):
     @model_validator(mode="after")
     def _spec_needs_binaries(self) -> BenchConfig:
         if "llamacpp-spec" in self.methods and self.llama_cpp_bin is None:
-            raise ValueError("method llamacpp-spec needs --llama-cpp-bin DIR (llama.cpp's binaries; "
-                             "`make llama-cpp-bin` builds them)")
+            raise ValueError(
+                "method llamacpp-spec needs --llama-cpp-bin DIR (llama.cpp's binaries; "
+                "`make llama-cpp-bin` builds them)"
+            )
         return self
 
     @property
@@ -87,7 +95,8 @@ class BenchConfig(BaseModel):
         Which prompts or methods are selected, where results go and warm-up do not change
         a single result, so they are left out: a larger ``--limit`` reuses earlier results.
         """
-        relevant = self.model_dump(mode="json", include={"target", "draft", "data", "models", "chat_template",
-                                                          "generation"})
+        relevant = self.model_dump(
+            mode="json", include={"target", "draft", "data", "models", "chat_template", "generation"}
+        )
         blob = json.dumps(relevant, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

@@ -87,8 +87,9 @@ class DraftwiseMethod:
         for timer in self.timers:
             timer.seconds = 0.0
         metrics = GenerationMetrics()
-        steps: dict[str, list[float]] = {name: [] for name in ("k", "proposed", "accepted", "draft_s", "verify_s",
-                                                                "step_s")}
+        steps: dict[str, list[float]] = {
+            name: [] for name in ("k", "proposed", "accepted", "draft_s", "verify_s", "step_s")
+        }
         tokens: list[int] = []
         arrivals: list[float] = []
         step_tokens: list[int] = []
@@ -98,9 +99,14 @@ class DraftwiseMethod:
             step_tokens.append(len(event.tokens))
             tokens.extend(event.tokens)
             metrics.add(event)
-            for name, value in (("k", event.k), ("proposed", len(event.proposed)), ("accepted", event.n_accepted),
-                                ("draft_s", event.draft_seconds), ("verify_s", event.verify_seconds),
-                                ("step_s", event.step_seconds)):
+            for name, value in (
+                ("k", event.k),
+                ("proposed", len(event.proposed)),
+                ("accepted", event.n_accepted),
+                ("draft_s", event.draft_seconds),
+                ("verify_s", event.verify_seconds),
+                ("step_s", event.step_seconds),
+            ):
                 steps[name].append(value)
         wall = time.perf_counter() - started
         return Trace(
@@ -119,21 +125,26 @@ def _anchor(name: str, config: BenchConfig, target: LanguageModel, draft: Langua
     """Another project's loop on the same model files; only where the target's backend runs it."""
     if name in HF_ANCHORS:
         if target.backend != "hf":
-            raise BenchError(f"method {name} runs transformers' generate: it needs --backend hf "
-                             f"(the target runs on {target.backend})")
+            raise BenchError(
+                f"method {name} runs transformers' generate: it needs --backend hf "
+                f"(the target runs on {target.backend})"
+            )
         from draftwise.backends.anchors_hf import HFMethod
 
         return HFMethod(name, target, draft if name == "hf-assisted" else None)
     if target.backend != "llamacpp":
-        raise BenchError(f"method {name} runs llama.cpp on the GGUF files: it needs the llamacpp backend "
-                         f"(the target runs on {target.backend})")
+        raise BenchError(
+            f"method {name} runs llama.cpp on the GGUF files: it needs the llamacpp backend "
+            f"(the target runs on {target.backend})"
+        )
     from draftwise.backends.anchors_llamacpp import build_llamacpp_anchor
 
     return build_llamacpp_anchor(name, config, target, draft)
 
 
-def build_methods(config: BenchConfig, target: LanguageModel, draft: LanguageModel | None,
-                  profile: CostProfile | None = None) -> tuple[dict[str, Method], list[RollbackTimer]]:
+def build_methods(
+    config: BenchConfig, target: LanguageModel, draft: LanguageModel | None, profile: CostProfile | None = None
+) -> tuple[dict[str, Method], list[RollbackTimer]]:
     """One ``Method`` per configured name, sharing the loaded models; close the timers when done.
     Each draftwise method starts from its own copy of ``profile`` (measured costs)."""
     timers = {id(lm): RollbackTimer(lm) for lm in (target, draft) if lm is not None}

@@ -10,7 +10,6 @@ from draftwise.bench.analysis import OVERALL
 from draftwise.bench.config import METHODS, REFERENCE
 from draftwise.bench.store import Record
 
-
 # Plain decoders (each project's own) emit one token per target pass: the accepted-length plot leaves them out.
 PLAIN = (REFERENCE, "hf-baseline", "llamacpp-plain")
 
@@ -33,8 +32,7 @@ def _grouped_bars(ax: Any, xs: Sequence[float], series: dict[str, list[float]]) 
     """One bar per series at each x, side by side, in each method's colour."""
     width = 0.8 / max(1, len(series))
     for i, (method, values) in enumerate(series.items()):
-        ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], values, width, label=method,
-               color=_color(method))
+        ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], values, width, label=method, color=_color(method))
 
 
 def _save(plt: Any, fig: Any, ax: Any, path: Path, legend: bool) -> None:
@@ -83,8 +81,7 @@ def plot_rate_over_run(path: Path, records: Sequence[Record], methods: Sequence[
     for m in methods:
         points = [(i, r["tokens_per_second"]) for i, r in enumerate(ordered) if r["method"] == m]
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", linewidth=0.8, label=m,
-                    color=_color(m))
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", linewidth=0.8, label=m, color=_color(m))
     ax.set_xlabel("result number (run order)")
     ax.set_ylabel("tokens/s")
     ax.set_title("tokens/s over the run")

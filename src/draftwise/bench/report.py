@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from draftwise.backends.anchor_settings import describe
 from draftwise.bench.analysis import OVERALL
 from draftwise.bench.audit import NEAR_TIE
 from draftwise.bench.config import REFERENCE, BenchConfig
 from draftwise.bench.dataset import Prompt, subtask_order
-from draftwise.backends.anchor_settings import describe
 from draftwise.bench.store import Record
 
 REPORT = "report.md"
@@ -34,8 +34,9 @@ def _cpu_name() -> str:
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
     return cpu
 
@@ -80,8 +81,10 @@ def _cpu_flags() -> str:
 
 def _models_line(config: BenchConfig) -> str:
     m = config.models
-    return (f"backend `{m.backend}`, threads {m.threads or 'all'}, context {m.context or 'default'}, "
-            f"hf dtype `{m.dtype}`, hf draft quant `{m.draft_quant}`")
+    return (
+        f"backend `{m.backend}`, threads {m.threads or 'all'}, context {m.context or 'default'}, "
+        f"hf dtype `{m.dtype}`, hf draft quant `{m.draft_quant}`"
+    )
 
 
 def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -109,9 +112,11 @@ def _decoding_line(config: BenchConfig) -> str:
 
 
 def _overall_table(stats: dict[str, dict[str, Any]], methods: Sequence[str], greedy: bool) -> list[str]:
-    head = ("| method | prompts | tokens/s | speedup | decode tokens/s | decode speedup | predicted "
-            "| measured/predicted | TTFT s | latency p50 ms | latency p95 ms | acceptance | mean accepted length "
-            "| passes/token | identical to baseline | PPL |")
+    head = (
+        "| method | prompts | tokens/s | speedup | decode tokens/s | decode speedup | predicted "
+        "| measured/predicted | TTFT s | latency p50 ms | latency p95 ms | acceptance | mean accepted length "
+        "| passes/token | identical to baseline | PPL |"
+    )
     columns = head.count("|") - 1
     lines = [head, "|" + "---|" * columns]
     for m in methods:
@@ -144,9 +149,14 @@ def _speedup_cell(stats: dict[str, Any], base: str) -> str:
 def _speedup_matrix(groups: dict[str, dict[str, dict[str, Any]]], methods: Sequence[str], base: str) -> list[str]:
     """Every method's speedup over ``base`` per subtask and overall, with prefill / decode phase."""
     names = [g for g in groups if g != OVERALL] + [OVERALL]
-    lines = [f"## Speedup over `{base}` per subtask", "",
-             "Each cell: with prefill / decode phase (after the first token).", "",
-             "| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines = [
+        f"## Speedup over `{base}` per subtask",
+        "",
+        "Each cell: with prefill / decode phase (after the first token).",
+        "",
+        "| method | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for m in methods:
         cells = [_speedup_cell(groups[g][m], base) for g in names]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -165,8 +175,10 @@ def _position_table(stats: dict[str, dict[str, Any]], methods: Sequence[str]) ->
 
 
 def _time_table(stats: dict[str, dict[str, Any]], methods: Sequence[str]) -> list[str]:
-    lines = ["| method | wall s | prefill | draft | verify | of which cache rollback | loop overhead |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | wall s | prefill | draft | verify | of which cache rollback | loop overhead |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m in methods:
         t = stats[m].get("time")
         if not t:
@@ -195,17 +207,21 @@ def _audit_section(summary: dict[str, Any], methods: Sequence[str], greedy: bool
     if not rows:
         lines.append("No mismatches.")
         return lines
-    lines += [f"Mismatches: first differing token, and the gap between the target's top two logits there "
-              f"(computed by a fresh target pass on the baseline prefix). A gap below {NEAR_TIE} is a near-tie "
-              "that float rounding in a different kernel or matmul shape can flip; a larger gap needs "
-              "investigating.", "",
-              "| method | prompt | subtask | turn | position | baseline token | method token | top-2 logit gap "
-              "| verdict |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        f"Mismatches: first differing token, and the gap between the target's top two logits there "
+        f"(computed by a fresh target pass on the baseline prefix). A gap below {NEAR_TIE} is a near-tie "
+        "that float rounding in a different kernel or matmul shape can flip; a larger gap needs "
+        "investigating.",
+        "",
+        "| method | prompt | subtask | turn | position | baseline token | method token | top-2 logit gap | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for m, x in rows:
         verdict = "near-tie" if x["near_tie"] else ("investigate" if x["top2_gap"] is not None else "length differs")
-        lines.append(f"| {m} | {x['prompt_id']} | {x['subtask']} | {x['turn'] + 1} | {x['position']} "
-                     f"| {x['reference_token']} | {x['method_token']} | {_fmt(x['top2_gap'], '.3g')} | {verdict} |")
+        lines.append(
+            f"| {m} | {x['prompt_id']} | {x['subtask']} | {x['turn'] + 1} | {x['position']} "
+            f"| {x['reference_token']} | {x['method_token']} | {_fmt(x['top2_gap'], '.3g')} | {verdict} |"
+        )
     return lines
 
 
@@ -215,8 +231,9 @@ def nodes(records: Sequence[Record]) -> list[dict[str, Any]]:
     for r in records:
         node = r.get("node") or {}
         key = (node.get("host"), node.get("cpu"), node.get("cores"), node.get("cpu_flags"))
-        entry = found.setdefault(key, {**{k: node.get(k) for k in ("host", "cpu", "cores", "cpu_flags")},
-                                       "prompts": set(), "records": 0})
+        entry = found.setdefault(
+            key, {**{k: node.get(k) for k in ("host", "cpu", "cores", "cpu_flags")}, "prompts": set(), "records": 0}
+        )
         entry["prompts"].add(r["prompt_id"])
         entry["records"] += 1
     return [{**e, "prompts": len(e["prompts"])} for e in found.values()]
@@ -228,16 +245,21 @@ def _nodes_lines(machines: Sequence[dict[str, Any]]) -> list[str]:
         return []
     kinds = {(m["cpu"], m["cores"], m["cpu_flags"]) for m in machines}
     what = "machines that differ (CPU or cores)" if len(kinds) > 1 else "machines of one kind"
-    listed = "; ".join(f"`{m['host']}`: {m['cpu']} ({m['cpu_flags'] or 'flags unknown'}), {m['cores']} cores, "
-                       f"{m['prompts']} prompts" for m in machines)
-    return [f"- **nodes differ**: {len(machines)} {what} ran these results ({listed}). Each prompt ran all its "
-            "methods on one node, so every per-prompt speedup is a ratio measured on one machine; absolute "
-            "tokens/s and latencies mix machines."]
+    listed = "; ".join(
+        f"`{m['host']}`: {m['cpu']} ({m['cpu_flags'] or 'flags unknown'}), {m['cores']} cores, {m['prompts']} prompts"
+        for m in machines
+    )
+    return [
+        f"- **nodes differ**: {len(machines)} {what} ran these results ({listed}). Each prompt ran all its "
+        "methods on one node, so every per-prompt speedup is a ratio measured on one machine; absolute "
+        "tokens/s and latencies mix machines."
+    ]
 
 
 # The report's last section: what each number means.
 _DEFINITIONS = [
-    "## Definitions", "",
+    "## Definitions",
+    "",
     "- tokens/s: a prompt's new tokens (all turns) over its wall time, prefill included; the mean over "
     "prompts. Speedup: that mean over `baseline`'s mean on the same prompts (Spec-Bench's definition).",
     "- decode tokens/s: the decode phase alone, everything after the first token: (new tokens - 1) / "
@@ -257,8 +279,14 @@ _DEFINITIONS = [
 ]
 
 
-def _setup_lines(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt],
-                 records: Sequence[Record], machine: dict[str, Any], command: str | None) -> list[str]:
+def _setup_lines(
+    summary: dict[str, Any],
+    config: BenchConfig,
+    prompts: Sequence[Prompt],
+    records: Sequence[Record],
+    machine: dict[str, Any],
+    command: str | None,
+) -> list[str]:
     """The report's header: when, what command, which machine, models, settings and prompts."""
     d = config.generation.draft
     counts = {s: sum(p.subtask == s for p in prompts) for s in subtask_order(prompts)}
@@ -286,8 +314,15 @@ def _setup_lines(summary: dict[str, Any], config: BenchConfig, prompts: Sequence
     ]
 
 
-def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt], records: Sequence[Record],
-           machine: dict[str, Any], command: str | None, plots: Sequence[str]) -> str:
+def render(
+    summary: dict[str, Any],
+    config: BenchConfig,
+    prompts: Sequence[Prompt],
+    records: Sequence[Record],
+    machine: dict[str, Any],
+    command: str | None,
+    plots: Sequence[str],
+) -> str:
     methods = list(config.methods)
     greedy = config.generation.sampling.greedy
     groups = summary["groups"]
@@ -300,25 +335,47 @@ def render(summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Promp
             continue
         lines += [f"## {name}", "", *_overall_table(stats, methods, greedy), ""]
     lines += [
-        "## Acceptance by block position (overall)", "", *_position_table(groups[OVERALL], methods), "",
-        "## Where the time goes (overall, seconds and share of wall time)", "",
-        *_time_table(groups[OVERALL], methods), "",
+        "## Acceptance by block position (overall)",
+        "",
+        *_position_table(groups[OVERALL], methods),
+        "",
+        "## Where the time goes (overall, seconds and share of wall time)",
+        "",
+        *_time_table(groups[OVERALL], methods),
+        "",
         "Cache rollback is timed inside draft and verify; loop overhead is each step's time outside the "
-        "two models (policy, bookkeeping, detokenising).", "",
-        "## Losslessness audit", "", *_audit_section(summary, methods, greedy), "",
+        "two models (policy, bookkeeping, detokenising).",
+        "",
+        "## Losslessness audit",
+        "",
+        *_audit_section(summary, methods, greedy),
+        "",
     ]
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
     return "\n".join(lines + _DEFINITIONS)
 
 
-def write_report(out: Path, summary: dict[str, Any], config: BenchConfig, prompts: Sequence[Prompt],
-                 records: Sequence[Record], command: str | None, plots: Sequence[str]) -> Path:
+def write_report(
+    out: Path,
+    summary: dict[str, Any],
+    config: BenchConfig,
+    prompts: Sequence[Prompt],
+    records: Sequence[Record],
+    command: str | None,
+    plots: Sequence[str],
+) -> Path:
     machine = machine_info()
-    summary = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-               "config_hash": config.results_hash(), "command": command, "machine": machine,
-               "config": config.model_dump(mode="json"), "plots": [Path(p).name for p in plots],
-               "nodes": nodes(records), **summary}
+    summary = {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "config_hash": config.results_hash(),
+        "command": command,
+        "machine": machine,
+        "config": config.model_dump(mode="json"),
+        "plots": [Path(p).name for p in plots],
+        "nodes": nodes(records),
+        **summary,
+    }
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     path = out / REPORT
     path.write_text(render(summary, config, prompts, records, machine, command, plots), encoding="utf-8")

@@ -87,13 +87,24 @@ class _Live:
 
     def describe(self, methods: Sequence[str]) -> str:
         ref = mean(self.rates[REFERENCE]) if self.rates.get(REFERENCE) else 0.0
-        parts = [f"{m} {mean(self.rates[m]) / ref:.2f}x" for m in methods
-                 if m != REFERENCE and self.rates.get(m) and ref > 0]
+        parts = [
+            f"{m} {mean(self.rates[m]) / ref:.2f}x" for m in methods if m != REFERENCE and self.rates.get(m) and ref > 0
+        ]
         return " | ".join(parts)
 
 
-def _record(trace: Trace, prompt: Prompt, turn: int, method: str, position: int, config_hash: str,
-            prompt_ids: Sequence[int], text: str, perplexity: float | None, gaps: list[float]) -> Record:
+def _record(
+    trace: Trace,
+    prompt: Prompt,
+    turn: int,
+    method: str,
+    position: int,
+    config_hash: str,
+    prompt_ids: Sequence[int],
+    text: str,
+    perplexity: float | None,
+    gaps: list[float],
+) -> Record:
     record: Record = {
         "key": record_key(prompt.id, turn, method, config_hash),
         "config_hash": config_hash,
@@ -135,8 +146,9 @@ def load_models(config: BenchConfig) -> tuple[LanguageModel, LanguageModel | Non
     return load_pair(config.target, config.draft if config.needs_draft_model else None, config.models)
 
 
-def generation_for(config: BenchConfig, prompt: Prompt, turn: int, max_new_tokens: int | None = None
-                   ) -> GenerationConfig:
+def generation_for(
+    config: BenchConfig, prompt: Prompt, turn: int, max_new_tokens: int | None = None
+) -> GenerationConfig:
     """The generation settings of one turn: the configured ones, seeded for this prompt and turn."""
     g = config.generation
     sampling = g.sampling.model_copy(update={"seed": sampling_seed(g.sampling.seed, prompt.id, turn)})
@@ -153,8 +165,13 @@ class UnitRunner:
     interleaved, so every speedup is a ratio measured on one machine. The local bench runs its
     units one after another; ``draftwise bench --ray`` gives each Ray worker a ``UnitRunner``."""
 
-    def __init__(self, config: BenchConfig, target: LanguageModel, draft: LanguageModel | None,
-                 node: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: BenchConfig,
+        target: LanguageModel,
+        draft: LanguageModel | None,
+        node: dict[str, Any] | None = None,
+    ) -> None:
         self.config = config
         self.config_hash = config.results_hash()
         self.target = target
@@ -173,12 +190,18 @@ class UnitRunner:
         for method in self.methods.values():
             method.run(warm_ids, warm)
 
-    def run(self, index: int, prompt: Prompt, stored: Callable[[str], Record | None],
-            emit: Callable[[Record], None], describe: Callable[[str], None] | None = None) -> None:
+    def run(
+        self,
+        index: int,
+        prompt: Prompt,
+        stored: Callable[[str], Record | None],
+        emit: Callable[[Record], None],
+        describe: Callable[[str], None] | None = None,
+    ) -> None:
         """Run the records of ``prompt`` not yet ``stored`` (key -> record), ``index``-th in the run
         order (the methods' order rotates by it); ``emit`` each new record as it finishes."""
         names = list(self.methods)
-        order = names[index % len(names):] + names[: index % len(names)]
+        order = names[index % len(names) :] + names[: index % len(names)]
         answers: dict[str, list[str]] = {name: [] for name in names}
         for turn in range(len(prompt.turns)):
             for position, name in enumerate(order):
@@ -199,8 +222,9 @@ class UnitRunner:
             self._scores[memo] = score_output(self.target, prompt_ids, trace.tokens)
         perplexity, gaps = self._scores[memo]
         text = self.target.tokenizer.decode(trace.tokens, skip_special_tokens=True)
-        record = _record(trace, prompt, turn, method.name, position, self.config_hash, prompt_ids, text,
-                         perplexity, gaps)
+        record = _record(
+            trace, prompt, turn, method.name, position, self.config_hash, prompt_ids, text, perplexity, gaps
+        )
         record["chat_template"] = self.builder.chat
         record["node"] = self.node
         return record
@@ -213,8 +237,15 @@ class UnitRunner:
 class Recorder:
     """Where finished records go: the results file, the progress bar and ``on_record``."""
 
-    def __init__(self, store: ResultStore, done: Sequence[Record], todo: int, progress: Any,
-                 on_record: Callable[[Record], None] | None, methods: Sequence[str]) -> None:
+    def __init__(
+        self,
+        store: ResultStore,
+        done: Sequence[Record],
+        todo: int,
+        progress: Any,
+        on_record: Callable[[Record], None] | None,
+        methods: Sequence[str],
+    ) -> None:
         self.store = store
         self.progress = progress
         self.on_record = on_record
@@ -222,7 +253,9 @@ class Recorder:
         self.live = _Live()
         for record in done:
             self.live.add(record)
-        self.task = progress.add_task("bench", total=todo, speedup=self.live.describe(self.methods)) if progress else None
+        self.task = (
+            progress.add_task("bench", total=todo, speedup=self.live.describe(self.methods)) if progress else None
+        )
 
     def describe(self, text: str) -> None:
         if self.progress:
@@ -244,8 +277,10 @@ class Bench:
 
     def __init__(self, config: BenchConfig) -> None:
         if config.generation.stop or config.generation.ignore_eos:
-            raise BenchError("the bench compares against transformers' generate, which has no equivalent of "
-                             "stop strings or ignore_eos: leave them unset")
+            raise BenchError(
+                "the bench compares against transformers' generate, which has no equivalent of "
+                "stop strings or ignore_eos: leave them unset"
+            )
         if config.ray is not None:
             from draftwise.cluster.runtime import check_installed
 
@@ -258,19 +293,27 @@ class Bench:
 
     def pending(self) -> int:
         """Units (prompt, turn, method) not yet in the results file."""
-        return sum(self.store.get(key) is None for p in self.prompts for key in unit_keys(p, self.config,
-                                                                                          self.config_hash))
+        return sum(
+            self.store.get(key) is None for p in self.prompts for key in unit_keys(p, self.config, self.config_hash)
+        )
 
     def pending_units(self) -> list[tuple[int, Prompt]]:
         """(position in the run order, prompt) of every prompt with a record still to run."""
-        return [(index, prompt) for index, prompt in enumerate(interleave_subtasks(self.prompts))
-                if any(self.store.get(key) is None for key in unit_keys(prompt, self.config, self.config_hash))]
+        return [
+            (index, prompt)
+            for index, prompt in enumerate(interleave_subtasks(self.prompts))
+            if any(self.store.get(key) is None for key in unit_keys(prompt, self.config, self.config_hash))
+        ]
 
     def load_models(self) -> tuple[LanguageModel, LanguageModel | None]:
         return load_models(self.config)
 
-    def run(self, progress: Any = None, on_record: Callable[[Record], None] | None = None,
-            models: tuple[LanguageModel, LanguageModel | None] | None = None) -> list[Record]:
+    def run(
+        self,
+        progress: Any = None,
+        on_record: Callable[[Record], None] | None = None,
+        models: tuple[LanguageModel, LanguageModel | None] | None = None,
+    ) -> list[Record]:
         """Run every pending unit; return the records of this configuration and selection.
 
         ``progress`` is a rich ``Progress`` (or None); ``on_record`` sees each new record. With
@@ -292,8 +335,11 @@ class Bench:
 
     def records(self) -> list[Record]:
         wanted = {p.id for p in self.prompts}
-        return [r for r in self.store.records(self.config_hash)
-                if r["prompt_id"] in wanted and r["method"] in self.config.methods]
+        return [
+            r
+            for r in self.store.records(self.config_hash)
+            if r["prompt_id"] in wanted and r["method"] in self.config.methods
+        ]
 
     def _measure(self, target: LanguageModel, draft: LanguageModel | None, recorder: Recorder) -> None:
         runner = UnitRunner(self.config, target, draft)
@@ -310,9 +356,14 @@ class Bench:
         return summarize(self.records(), self.prompts, self.config.methods, greedy)
 
 
-def run_bench(config: BenchConfig, *, command: str | None = None, progress: Any = None,
-              on_record: Callable[[Record], None] | None = None,
-              models: tuple[LanguageModel, LanguageModel | None] | None = None) -> Path:
+def run_bench(
+    config: BenchConfig,
+    *,
+    command: str | None = None,
+    progress: Any = None,
+    on_record: Callable[[Record], None] | None = None,
+    models: tuple[LanguageModel, LanguageModel | None] | None = None,
+) -> Path:
     """Measure what is pending, then write summary.json, the plots and report.md; return the report's path."""
     from draftwise.bench.plots import write_plots
     from draftwise.bench.report import write_report

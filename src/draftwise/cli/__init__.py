@@ -64,7 +64,8 @@ def _reporting(command: Callable[..., Any]) -> Callable[..., Any]:
     # typer hands the context to a parameter annotated typer.Context.
     context = inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
     run.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[*signature.parameters.values(), context])
+        parameters=[*signature.parameters.values(), context]
+    )
     return run
 
 

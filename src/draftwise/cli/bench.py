@@ -42,57 +42,82 @@ def _default(model: Any, name: str, given: Any, quick: bool) -> Any:
     return given or (QUICK.get(name) if quick else None) or model.model_fields[name].default
 
 
+_METHODS = typer.Option(
+    ",".join(BenchConfig.model_fields["methods"].default),
+    help=f"comma-separated methods, of: {', '.join(METHODS)}; 'baseline' always runs",
+)
+_SUBTASKS = typer.Option(
+    None, help=f"comma-separated subtasks (Spec-Bench: {', '.join(SPEC_BENCH_SUBTASKS)}); default all"
+)
+_QUICK = typer.Option(
+    False, "--quick", help="a first look: the small pair, one prompt per subtask, 64 tokens (explicit flags still win)"
+)
+_ON_RAY = (
+    "run the prompts on Ray workers (each loads the models once, runs whole prompts), on a local Ray (127.0.0.1) "
+    "or --ray-address (needs draftwise[ray])"
+)
+
+
+@with_model_options()
+@with_cluster_options(BenchWorkers, _ON_RAY)
+def bench(
+    target: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "target")),
+    draft: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "draft")),
+    methods: str = _METHODS,
+    data: str = field_option(BenchConfig, "data"),
+    subtasks: str | None = _SUBTASKS,
+    limit: int | None = typer.Option(None, help=_with_defaults(BenchConfig, "limit")),
+    max_new_tokens: int | None = typer.Option(None, help=_with_defaults(GenerationConfig, "max_new_tokens")),
+    k_policy: str = field_option(DraftConfig, "k_policy"),
+    k: int = field_option(DraftConfig, "k"),
+    k_max: int = field_option(DraftConfig, "k_max"),
+    threshold: float = field_option(DraftConfig, "confidence_threshold", "--threshold"),
+    ngram_max: int = field_option(DraftConfig, "ngram_max"),
+    temperature: float = field_option(SamplingConfig, "temperature"),
+    top_k: int = field_option(SamplingConfig, "top_k"),
+    top_p: float = field_option(SamplingConfig, "top_p"),
+    seed: int | None = field_option(SamplingConfig, "seed"),
+    chat: bool = typer.Option(True, "--chat/--no-chat", help=BenchConfig.model_fields["chat_template"].description),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help=BenchConfig.model_fields["warmup"].description),
+    out: Path = field_option(BenchConfig, "out"),
+    quick: bool = _QUICK,
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+    llama_cpp_bin: Path | None = field_option(BenchConfig, "llama_cpp_bin"),
+    models: ModelOptions = ModelOptions(),
+    models_given: dict | None = None,
+    ray: BenchWorkers | None = None,
+) -> None:
+    """Benchmark draftwise (baseline, model drafter, n-gram) against transformers (assisted generation,
+    prompt lookup, plain generate) on the same prompts in one process; an interrupted run resumes."""
+    generation = built(
+        GenerationConfig,
+        max_new_tokens=_default(GenerationConfig, "max_new_tokens", max_new_tokens, quick),
+        sampling=built(SamplingConfig, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        draft=built(
+            DraftConfig, k_policy=k_policy, k=k, k_max=k_max, confidence_threshold=threshold, ngram_max=ngram_max
+        ),
+    )
+    config = built(
+        BenchConfig,
+        target=_default(BenchConfig, "target", target, quick),
+        draft=_default(BenchConfig, "draft", draft, quick),
+        methods=_split(methods) or (),
+        data=data,
+        subtasks=_split(subtasks),
+        limit=limit if limit is not None else (QUICK["limit"] if quick else None),
+        models=models,
+        llama_cpp_bin=llama_cpp_bin,
+        chat_template=chat,
+        warmup=warmup,
+        out=out,
+        ray=ray,
+        generation=generation,
+    )
+    _run(config, progress)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    @with_model_options()
-    @with_cluster_options(BenchWorkers, "run the prompts on Ray workers (each loads the models once, runs whole "
-                          "prompts), on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])")
-    def bench(
-        target: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "target")),
-        draft: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "draft")),
-        methods: str = typer.Option(",".join(BenchConfig.model_fields["methods"].default),
-                                    help=f"comma-separated methods, of: {', '.join(METHODS)}; 'baseline' always runs"),
-        data: str = field_option(BenchConfig, "data"),
-        subtasks: str | None = typer.Option(None, help=f"comma-separated subtasks (Spec-Bench: "
-                                            f"{', '.join(SPEC_BENCH_SUBTASKS)}); default all"),
-        limit: int | None = typer.Option(None, help=_with_defaults(BenchConfig, "limit")),
-        max_new_tokens: int | None = typer.Option(None, help=_with_defaults(GenerationConfig, "max_new_tokens")),
-        k_policy: str = field_option(DraftConfig, "k_policy"),
-        k: int = field_option(DraftConfig, "k"),
-        k_max: int = field_option(DraftConfig, "k_max"),
-        threshold: float = field_option(DraftConfig, "confidence_threshold", "--threshold"),
-        ngram_max: int = field_option(DraftConfig, "ngram_max"),
-        temperature: float = field_option(SamplingConfig, "temperature"),
-        top_k: int = field_option(SamplingConfig, "top_k"),
-        top_p: float = field_option(SamplingConfig, "top_p"),
-        seed: int | None = field_option(SamplingConfig, "seed"),
-        chat: bool = typer.Option(True, "--chat/--no-chat", help=BenchConfig.model_fields["chat_template"].description),
-        warmup: bool = typer.Option(True, "--warmup/--no-warmup", help=BenchConfig.model_fields["warmup"].description),
-        out: Path = field_option(BenchConfig, "out"),
-        quick: bool = typer.Option(False, "--quick", help="a first look in a few minutes: the small pair, "
-                                   "one prompt per subtask, 64 tokens (explicit flags still win)"),
-        progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
-        llama_cpp_bin: Path | None = field_option(BenchConfig, "llama_cpp_bin"),
-        models: ModelOptions = ModelOptions(),
-        models_given: dict | None = None,
-        ray: BenchWorkers | None = None,
-    ) -> None:
-        """Benchmark draftwise (baseline, model drafter, n-gram) against transformers (assisted generation,
-        prompt lookup, plain generate) on the same prompts in one process; an interrupted run resumes."""
-        generation = built(
-            GenerationConfig, max_new_tokens=_default(GenerationConfig, "max_new_tokens", max_new_tokens, quick),
-            sampling=built(SamplingConfig, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-            draft=built(DraftConfig, k_policy=k_policy, k=k, k_max=k_max, confidence_threshold=threshold,
-                        ngram_max=ngram_max),
-        )
-        config = built(
-            BenchConfig, target=_default(BenchConfig, "target", target, quick),
-            draft=_default(BenchConfig, "draft", draft, quick), methods=_split(methods) or (), data=data,
-            subtasks=_split(subtasks), limit=limit if limit is not None else (QUICK["limit"] if quick else None),
-            models=models, llama_cpp_bin=llama_cpp_bin, chat_template=chat, warmup=warmup, out=out, ray=ray,
-            generation=generation,
-        )
-        _run(config, progress)
+    app.command()(bench)
 
 
 def _run(config: BenchConfig, progress: bool) -> None:
@@ -105,10 +130,19 @@ def _run(config: BenchConfig, progress: bool) -> None:
     console = Console(stderr=True)
     try:
         pending = Bench(config).pending()
-        console.print(f"bench: {pending} runs to do ({config.target} / {config.draft}, "
-                      f"{config.generation.max_new_tokens} tokens) -> {config.out}")
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TextColumn("[cyan]{task.fields[speedup]}"), console=console, disable=not progress)
+        console.print(
+            f"bench: {pending} runs to do ({config.target} / {config.draft}, "
+            f"{config.generation.max_new_tokens} tokens) -> {config.out}"
+        )
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("[cyan]{task.fields[speedup]}"),
+            console=console,
+            disable=not progress,
+        )
         with bar:
             report = run_bench(config, command=shlex.join(["draftwise", *sys.argv[1:]]), progress=bar)
     except KeyboardInterrupt:

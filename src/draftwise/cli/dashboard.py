@@ -58,8 +58,17 @@ def _stop(process: subprocess.Popen[Any] | None) -> None:
 def _spawn_server(args: list[str], host: str, log: Path) -> tuple[subprocess.Popen[Any], str]:
     """Start ``draftwise serve`` with ``args`` on a free port; return the process and its URL."""
     port = _free_port(host)
-    command = [sys.executable, "-c", "from draftwise.cli import main; main()", "serve", "--host", host, "--port",
-               str(port), *args]
+    command = [
+        sys.executable,
+        "-c",
+        "from draftwise.cli import main; main()",
+        "serve",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *args,
+    ]
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return process, f"http://{host}:{port}"
@@ -74,25 +83,30 @@ def _wait_healthy(process: subprocess.Popen[Any], url: str, log: Path, timeout: 
     with Console(stderr=True).status(f"starting the API server ({what}) ..."):
         while True:
             if process.poll() is not None:
-                raise LocalServerError(f"the local API server stopped: {_last_line(log)} (pull the models with "
-                                       "`draftwise pull default`, or try the dashboard on tiny random models: "
-                                       "--target tiny:0 --draft tiny:1)")
+                raise LocalServerError(
+                    f"the local API server stopped: {_last_line(log)} (pull the models with "
+                    "`draftwise pull default`, or try the dashboard on tiny random models: "
+                    "--target tiny:0 --draft tiny:1)"
+                )
             try:
                 if httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass  # not listening yet: the models are still loading
             if time.monotonic() > deadline:
-                raise LocalServerError(f"the local API server did not answer within {timeout:g} s (last output: "
-                                       f"{_last_line(log)})")
+                raise LocalServerError(
+                    f"the local API server did not answer within {timeout:g} s (last output: {_last_line(log)})"
+                )
             time.sleep(HEALTH_POLL_S)
 
 
-def _local_flags(target: str | None, draft: str | None, drafter: str | None,
-                 models_given: dict[str, Any] | None) -> dict[str, Any]:
+def _local_flags(
+    target: str | None, draft: str | None, drafter: str | None, models_given: dict[str, Any] | None
+) -> dict[str, Any]:
     """The flags handed on to the local `draftwise serve`, as given."""
-    local = {name: value for name, value in (("target", target), ("draft", draft), ("drafter", drafter))
-             if value is not None}
+    local = {
+        name: value for name, value in (("target", target), ("draft", draft), ("drafter", drafter)) if value is not None
+    }
     local.update({name.replace("_", "-"): value for name, value in (models_given or {}).items()})
     return local
 
@@ -104,8 +118,10 @@ def _check(api_url: str | None, local: dict[str, Any]) -> None:
     if importlib.util.find_spec("streamlit") is None:
         raise DraftwiseError("the dashboard needs streamlit: pip install 'draftwise[dashboard]'")
     if api_url is not None and local:
-        raise ConfigError(f"{', '.join('--' + name for name in local)} configure the local API server; with "
-                          "--api-url the server is already running")
+        raise ConfigError(
+            f"{', '.join('--' + name for name in local)} configure the local API server; with "
+            "--api-url the server is already running"
+        )
 
 
 def _page(api_url: str, host: str, port: int, bench: Path | None) -> None:
@@ -118,10 +134,27 @@ def _page(api_url: str, host: str, port: int, bench: Path | None) -> None:
         env[BENCH_DIR_ENV] = str(bench.resolve())
     typer.echo(f"dashboard: http://{host}:{port}  (API: {api_url}; Ctrl-C stops)", err=True)
     subprocess.run(
-        [sys.executable, "-m", "streamlit", "run", str(PAGE), "--server.address", host,
-         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none", "--client.toolbarMode", "minimal"],
-        env=env, check=False,
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(PAGE),
+            "--server.address",
+            host,
+            "--server.port",
+            str(port),
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+            "--client.toolbarMode",
+            "minimal",
+        ],
+        env=env,
+        check=False,
     )
 
 
@@ -134,8 +167,9 @@ def _warn_if_unhealthy(api_url: str) -> None:
         typer.echo(f"warning: {exc}", err=True)
 
 
-def _run(api_url: str | None, local: dict[str, Any], host: str, port: int, bench: Path | None,
-         startup_timeout: float) -> None:
+def _run(
+    api_url: str | None, local: dict[str, Any], host: str, port: int, bench: Path | None, startup_timeout: float
+) -> None:
     """Start the local API server unless ``api_url`` is given, then the page; stop both at the end."""
     # A plain `kill` must still stop the children: turn SIGTERM into a normal exit.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -162,17 +196,21 @@ def register(app: typer.Typer) -> None:
     @with_model_options()
     def dashboard(
         api_url: str | None = typer.Option(
-            None, help="URL of a running draftwise API (`draftwise serve`); default: start one here"),
+            None, help="URL of a running draftwise API (`draftwise serve`); default: start one here"
+        ),
         target: str | None = typer.Option(
-            None, help="target model of the local API server; default: `draftwise serve`'s (the default pair)"),
+            None, help="target model of the local API server; default: `draftwise serve`'s (the default pair)"
+        ),
         draft: str | None = typer.Option(None, help="draft model of the local API server"),
         drafter: str | None = typer.Option(
-            None, help="default drafter of the local API server: model, ngram, hybrid or off"),
+            None, help="default drafter of the local API server: model, ngram, hybrid or off"
+        ),
         host: str = typer.Option("127.0.0.1", help="address of the dashboard page (and of the local API server)"),
         port: int = typer.Option(8501, help="port of the dashboard page"),
         bench: Path | None = typer.Option(None, help="`draftwise bench` output folder to open in the report view"),
         startup_timeout: float = typer.Option(
-            900.0, help="seconds to wait for the local API server (a first GGUF load converts the weights)"),
+            900.0, help="seconds to wait for the local API server (a first GGUF load converts the weights)"
+        ),
         models: ModelOptions = ModelOptions(),
         models_given: dict | None = None,
     ) -> None:

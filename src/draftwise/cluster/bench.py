@@ -95,16 +95,20 @@ class _Pool:
         name = f"{WORKER_PREFIX}-{self.run_id}-{self.started}"
         self.started += 1
         # max_restarts=0: a dead worker stays dead; the pool replaces it and re-queues its unit.
-        handle = self.actor.options(name=name, namespace=NAMESPACE, num_cpus=self.options.cpus_per_worker,
-                                    max_restarts=0).remote(self.config, name, self.warm)
+        handle = self.actor.options(
+            name=name, namespace=NAMESPACE, num_cpus=self.options.cpus_per_worker, max_restarts=0
+        ).remote(self.config, name, self.warm)
         self.starting[handle.ready.remote()] = _Worker(name, handle)
 
     def assign(self, queue: deque[_Unit], stored: Any) -> None:
         while self.idle and queue:
             worker, unit = self.idle.pop(), queue.popleft()
             unit.attempts += 1
-            done = {key: r for key in unit_keys(unit.prompt, self.config, self.config_hash)
-                    if (r := stored(key)) is not None}
+            done = {
+                key: r
+                for key in unit_keys(unit.prompt, self.config, self.config_hash)
+                if (r := stored(key)) is not None
+            }
             worker.unit = unit
             self.running[worker.handle.run_unit.remote(unit.index, unit.prompt, done)] = worker
 
@@ -116,8 +120,10 @@ class _Pool:
         timeout = None if self.running else START_TIMEOUT_S
         ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)
         if not ready:
-            raise ClusterError(f"no bench worker started within {START_TIMEOUT_S:g} s: does the cluster have "
-                               f"{self.options.cpus_per_worker:g} CPU free for one?")
+            raise ClusterError(
+                f"no bench worker started within {START_TIMEOUT_S:g} s: does the cluster have "
+                f"{self.options.cpus_per_worker:g} CPU free for one?"
+            )
         return ready[0]
 
     def stop(self) -> None:
@@ -144,8 +150,10 @@ def _settle_start(pool: _Pool, ref: Any) -> None:
             raise _failed(exc) from None
         pool.lost_at_start += 1  # it died while starting (killed, its node gone): start another
         if pool.lost_at_start > pool.options.max_attempts * pool.options.workers:
-            raise ClusterError(f"{pool.lost_at_start} bench workers died while loading their models (out of "
-                               "memory? see the Ray logs of the workers)") from None
+            raise ClusterError(
+                f"{pool.lost_at_start} bench workers died while loading their models (out of "
+                "memory? see the Ray logs of the workers)"
+            ) from None
         pool.start()
         return
     pool.idle.append(worker)
@@ -161,8 +169,10 @@ def _settle_unit(pool: _Pool, ref: Any, queue: deque[_Unit], recorder: Recorder)
     except pool.ray.exceptions.RayActorError:
         # The worker died mid-unit: nothing of the unit was stored. Run it again elsewhere.
         if unit.attempts >= pool.options.max_attempts:
-            raise ClusterError(f"prompt {unit.prompt.id} was tried {unit.attempts} times and its worker died "
-                               "each time (see the Ray logs of the workers)") from None
+            raise ClusterError(
+                f"prompt {unit.prompt.id} was tried {unit.attempts} times and its worker died "
+                "each time (see the Ray logs of the workers)"
+            ) from None
         queue.appendleft(unit)
         pool.retried += 1
         pool.start()

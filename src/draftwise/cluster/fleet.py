@@ -86,8 +86,9 @@ def open_board(app: str) -> Any:
     """The board of ``app``, created if need be. Detached: it must outlive whichever replica or
     driver created it; ``served`` kills it when the app goes."""
     ray = require_ray()
-    actor = ray.remote(FleetBoard).options(name=board_name(app), namespace=NAMESPACE, lifetime="detached",
-                                           get_if_exists=True, num_cpus=0)
+    actor = ray.remote(FleetBoard).options(
+        name=board_name(app), namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0
+    )
     return actor.remote()
 
 
@@ -160,16 +161,20 @@ def deployment_options(scale: ServeScale, max_ongoing: int, target_ongoing: int)
         "max_constructor_retry_count": 2,
     }
     if scale.autoscaling:
-        options["autoscaling_config"] = {"min_replicas": scale.min_replicas, "max_replicas": scale.max_replicas,
-                                         "target_ongoing_requests": target_ongoing}
+        options["autoscaling_config"] = {
+            "min_replicas": scale.min_replicas,
+            "max_replicas": scale.max_replicas,
+            "target_ongoing_requests": target_ongoing,
+        }
     else:
         options["num_replicas"] = scale.replicas
     return options
 
 
 @contextmanager
-def served(replica: type, args: tuple[Any, ...], app: str, host: str, port: int, options: dict[str, Any],
-           delete: bool = True) -> Iterator[str]:
+def served(
+    replica: type, args: tuple[Any, ...], app: str, host: str, port: int, options: dict[str, Any], delete: bool = True
+) -> Iterator[str]:
     """Run ``replica`` (a class with ``__serve_build_asgi_app__``) as the Serve app ``app`` at
     ``/`` on ``host:port``; yield its base URL once every replica is up; on exit delete the app
     (unless ``delete`` is false: a local Ray about to shut down takes it along).
@@ -184,8 +189,9 @@ def served(replica: type, args: tuple[Any, ...], app: str, host: str, port: int,
         try:
             serve.run(deployment.bind(*args), name=app, route_prefix="/")
         except RuntimeError as exc:  # DEPLOY_FAILED: Serve's message ends with the replica's error
-            raise ClusterError(f"the Ray Serve app {app!r} failed to start: {str(exc).strip().splitlines()[-1]}"
-                               ) from None
+            raise ClusterError(
+                f"the Ray Serve app {app!r} failed to start: {str(exc).strip().splitlines()[-1]}"
+            ) from None
         yield f"http://{host}:{port}"
     finally:
         if delete:
@@ -201,8 +207,14 @@ def describe(scale: ServeScale) -> str:
     return f"{scale.replicas} replica{'s' if scale.replicas > 1 else ''}"
 
 
-def serve_fleet(replica: type, settings: Any, options: dict[str, Any], what: str, banner: Callable[[str], str],
-                log: Callable[[str], None]) -> None:
+def serve_fleet(
+    replica: type,
+    settings: Any,
+    options: dict[str, Any],
+    what: str,
+    banner: Callable[[str], str],
+    log: Callable[[str], None],
+) -> None:
     """The CLI's server on Ray (``settings``: a server's, with ``ray``, ``host`` and ``port``):
     deploy ``replica``, log ``banner(url)``, serve until Ctrl-C or SIGTERM (``kill``, a process
     manager), then delete the app (a joined cluster) or shut the local Ray down."""
@@ -212,8 +224,9 @@ def serve_fleet(replica: type, settings: Any, options: dict[str, Any], what: str
     log(f"starting {describe(scale)} of {what} on Ray Serve ...")
     local = scale.ray_address is None
     with ray_session(scale), suppress(KeyboardInterrupt):
-        with served(replica, (settings,), replica.app_name, settings.host, settings.port, options,
-                    delete=not local) as url:
+        with served(
+            replica, (settings,), replica.app_name, settings.host, settings.port, options, delete=not local
+        ) as url:
             log(f"{banner(url)} ({describe(scale)}); Ctrl-C stops")
             while True:
                 time.sleep(3600)

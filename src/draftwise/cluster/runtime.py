@@ -76,8 +76,10 @@ def _keep_local_ray_on_loopback() -> None:
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None and getattr(constants, "ENABLE_RAY_CLUSTER", False):
         # Ray read the variable when it was imported: too late to keep a new local Ray on loopback.
-        raise ClusterError("Ray was imported before draftwise could keep a local Ray on 127.0.0.1: set "
-                           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing ray, or give --ray-address")
+        raise ClusterError(
+            "Ray was imported before draftwise could keep a local Ray on 127.0.0.1: set "
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing ray, or give --ray-address"
+        )
 
 
 def _import_ray_for_driver() -> ModuleType:
@@ -99,8 +101,13 @@ def init_args(options: RayOptions, num_cpus: int | None = None) -> dict[str, Any
     if options.ray_address is not None:
         return {"address": options.ray_address, "namespace": NAMESPACE}
     # address="local": a new Ray of our own, never one that happens to run on this machine.
-    return {"address": "local", "num_cpus": num_cpus, "include_dashboard": False,
-            "_node_ip_address": LOOPBACK, "namespace": NAMESPACE}
+    return {
+        "address": "local",
+        "num_cpus": num_cpus,
+        "include_dashboard": False,
+        "_node_ip_address": LOOPBACK,
+        "namespace": NAMESPACE,
+    }
 
 
 @contextmanager

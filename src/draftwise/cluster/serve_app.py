@@ -38,14 +38,21 @@ def merge_metrics(texts: dict[str, str]) -> bytes:
             merged: dict[str, Metric] = {}
             for replica, text in sorted(texts.items()):
                 for family in text_string_to_metric_families(text):
-                    out = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type,
-                                                                family.unit))
+                    out = merged.setdefault(
+                        family.name, Metric(family.name, family.documentation, family.type, family.unit)
+                    )
                     for sample in family.samples:
-                        out.add_sample(sample.name, {**sample.labels, "replica": replica}, sample.value,
-                                       sample.timestamp, sample.exemplar)
+                        out.add_sample(
+                            sample.name,
+                            {**sample.labels, "replica": replica},
+                            sample.value,
+                            sample.timestamp,
+                            sample.exemplar,
+                        )
             yield from merged.values()
-            yield GaugeMetricFamily("draftwise_fleet_replicas", "replicas whose metrics are in this view",
-                                    value=len(texts))
+            yield GaugeMetricFamily(
+                "draftwise_fleet_replicas", "replicas whose metrics are in this view", value=len(texts)
+            )
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Fleet())  # type: ignore[arg-type]
@@ -82,8 +89,9 @@ class ApiReplica(FleetReplica):
         from fastapi.responses import Response
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(merge_metrics({r: report["metrics"] for r, report in reports.items()}),
-                        media_type=CONTENT_TYPE_LATEST)
+        return Response(
+            merge_metrics({r: report["metrics"] for r, report in reports.items()}), media_type=CONTENT_TYPE_LATEST
+        )
 
 
 def api_options(settings: ServerSettings, scale: ServeScale) -> dict[str, Any]:
@@ -95,6 +103,14 @@ def serve_on_ray(settings: ServerSettings, log: Callable[[str], None]) -> None:
     """``draftwise serve --ray``: deploy, say where, serve until Ctrl-C or SIGTERM, clean up."""
     if settings.ray is None:
         raise ValueError("serve_on_ray needs settings.ray")
-    serve_fleet(ApiReplica, settings, api_options(settings, settings.ray), settings.served_model,
-                lambda url: f"serving {settings.served_model} (drafter: {settings.default_drafter}) on {url}  "
-                "(docs: /docs, metrics of every replica: /metrics)", log)
+    serve_fleet(
+        ApiReplica,
+        settings,
+        api_options(settings, settings.ray),
+        settings.served_model,
+        lambda url: (
+            f"serving {settings.served_model} (drafter: {settings.default_drafter}) on {url}  "
+            "(docs: /docs, metrics of every replica: /metrics)"
+        ),
+        log,
+    )

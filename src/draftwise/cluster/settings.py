@@ -16,7 +16,8 @@ class _Strict(BaseModel):
 
 class RayOptions(_Strict):
     ray_address: str | None = Field(
-        None, description="Ray cluster to join (the address `ray start --head` printed, e.g. 10.0.0.5:6379); "
+        None,
+        description="Ray cluster to join (the address `ray start --head` printed, e.g. 10.0.0.5:6379); "
         "default: a local Ray on this machine, bound to 127.0.0.1",
     )
 
@@ -53,9 +54,13 @@ class BenchWorkers(RayOptions):
 
     workers: int = Field(1, ge=1, le=1024, description="bench workers (Ray actors), each loading the models once")
     cpus_per_worker: float = Field(
-        1.0, gt=0, description="CPUs Ray reserves per worker; one worker per node keeps nodes' timings apart",
+        1.0,
+        gt=0,
+        description="CPUs Ray reserves per worker; one worker per node keeps nodes' timings apart",
     )
     max_attempts: int = Field(
-        3, ge=1, le=100, description="tries per prompt before the bench gives up (a worker that dies has its "
-        "prompt retried on another)",
+        3,
+        ge=1,
+        le=100,
+        description="tries per prompt before the bench gives up (a worker that dies has its prompt retried on another)",
     )

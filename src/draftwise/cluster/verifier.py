@@ -60,8 +60,10 @@ def fleet_health(reports: dict[str, dict[str, Any]]) -> Health:
     return Health(
         status="ok",
         sessions=sum(h.sessions for h in replicas.values()),
-        affinity=Affinity(hits=sum(h.affinity.hits for h in replicas.values()),
-                          misses=sum(h.affinity.misses for h in replicas.values())),
+        affinity=Affinity(
+            hits=sum(h.affinity.hits for h in replicas.values()),
+            misses=sum(h.affinity.misses for h in replicas.values()),
+        ),
         replicas=replicas,
     )
 
@@ -121,6 +123,14 @@ def serve_verifier_on_ray(settings: VerifierSettings, log: Callable[[str], None]
     """``draftwise serve-verifier --ray``: deploy, say where, serve until Ctrl-C or SIGTERM."""
     if settings.ray is None:
         raise ValueError("serve_verifier_on_ray needs settings.ray")
-    serve_fleet(VerifierReplica, settings, verifier_options(settings, settings.ray), f"the verifier of {settings.target}",
-                lambda url: f"draftwise verifier: {settings.target} on {url} (sessions routed by {ROUTING_HEADER}; "
-                "API docs at /docs, fleet health at /health)", log)
+    serve_fleet(
+        VerifierReplica,
+        settings,
+        verifier_options(settings, settings.ray),
+        f"the verifier of {settings.target}",
+        lambda url: (
+            f"draftwise verifier: {settings.target} on {url} (sessions routed by {ROUTING_HEADER}; "
+            "API docs at /docs, fleet health at /health)"
+        ),
+        log,
+    )

@@ -39,8 +39,9 @@ def tokens_vs_passes(run: LiveRun) -> pd.DataFrame:
         total += s.emitted
         tokens.append(total)
     passes = range(1, len(run.steps) + 1)
-    return pd.DataFrame({"speculative": tokens, "plain decoding": list(passes)},
-                        index=pd.Index(passes, name="target passes"))
+    return pd.DataFrame(
+        {"speculative": tokens, "plain decoding": list(passes)}, index=pd.Index(passes, name="target passes")
+    )
 
 
 def running_rate(run: LiveRun) -> pd.DataFrame:

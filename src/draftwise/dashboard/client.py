@@ -51,8 +51,20 @@ class RunRequest:
     max_tokens: int
 
     @classmethod
-    def build(cls, *, prompt: str, chat: bool, drafter: str, k_policy: str, k: int, k_max: int,
-              confidence_threshold: float, temperature: float, seed: int | None, max_tokens: int) -> RunRequest:
+    def build(
+        cls,
+        *,
+        prompt: str,
+        chat: bool,
+        drafter: str,
+        k_policy: str,
+        k: int,
+        k_max: int,
+        confidence_threshold: float,
+        temperature: float,
+        seed: int | None,
+        max_tokens: int,
+    ) -> RunRequest:
         """Validate the drafting knobs with ``DraftConfig`` itself, so the page rejects what the
         server would, with the same rule and a one-line message."""
         if not prompt.strip():
@@ -61,8 +73,15 @@ class RunRequest:
             draft = DraftConfig(k_policy=k_policy, k=k, k_max=k_max, confidence_threshold=confidence_threshold)
         except ValidationError as exc:
             raise DashboardApiError(validation_message(exc, "invalid drafting settings: ")) from None
-        return cls(prompt=prompt, chat=chat, drafter=drafter, draft=draft, temperature=temperature, seed=seed,
-                   max_tokens=max_tokens)
+        return cls(
+            prompt=prompt,
+            chat=chat,
+            drafter=drafter,
+            draft=draft,
+            temperature=temperature,
+            seed=seed,
+            max_tokens=max_tokens,
+        )
 
     def body(self, model: str, drafter: str | None = None) -> dict[str, Any]:
         """The OpenAI-shaped streaming request, with provenance on; ``drafter`` overrides the
@@ -107,8 +126,9 @@ class ApiClient:
     def _http(self, read_timeout: float) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         # trust_env=False: the server is local; a proxy from the environment must not intercept it.
-        return httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(read_timeout, connect=5.0),
-                            headers=headers, trust_env=False)
+        return httpx.Client(
+            base_url=self.base_url, timeout=httpx.Timeout(read_timeout, connect=5.0), headers=headers, trust_env=False
+        )
 
     def health(self) -> dict[str, Any]:
         """The server's /health: served model, draft model, default drafter, load."""
@@ -120,8 +140,9 @@ class ApiClient:
         except httpx.HTTPError as exc:
             raise unreachable(self.base_url, type(exc).__name__) from None
         if response.status_code != 200:
-            raise DashboardApiError(f"{self.base_url} answered /health with HTTP {response.status_code}: is it a draftwise "
-                           "server?")
+            raise DashboardApiError(
+                f"{self.base_url} answered /health with HTTP {response.status_code}: is it a draftwise server?"
+            )
         try:
             return dict(response.json())
         except ValueError:
@@ -138,7 +159,7 @@ class ApiClient:
                 for line in response.iter_lines():
                     if not line.startswith("data:"):
                         continue
-                    data = line[len("data:"):].strip()
+                    data = line[len("data:") :].strip()
                     if data == "[DONE]":
                         return
                     chunk = json.loads(data)
@@ -148,5 +169,6 @@ class ApiClient:
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise unreachable(self.base_url, type(exc).__name__) from None
         except httpx.HTTPError as exc:
-            raise DashboardApiError(f"the connection to {self.base_url} broke during generation ({type(exc).__name__}: "
-                           f"{exc})") from None
+            raise DashboardApiError(
+                f"the connection to {self.base_url} broke during generation ({type(exc).__name__}: {exc})"
+            ) from None

@@ -50,8 +50,13 @@ class StepView:
 
 def _draft_tokens(step: dict[str, Any], n_accepted: int) -> list[DraftToken]:
     return [
-        DraftToken(id=p["id"], text=p.get("text"), draft_prob=p.get("draft_prob"), target_prob=p.get("target_prob"),
-                   checked=i == 0)
+        DraftToken(
+            id=p["id"],
+            text=p.get("text"),
+            draft_prob=p.get("draft_prob"),
+            target_prob=p.get("target_prob"),
+            checked=i == 0,
+        )
         for i, p in enumerate(step.get("proposed", [])[n_accepted:])
     ]
 
@@ -85,15 +90,28 @@ class LiveRun:
         index = step["index"] if step else len(self.steps)
         n_accepted = step["n_accepted"] if step else sum(p["source"] == ACCEPTED for p in provenance)
         for item in provenance:
-            token = TokenView(id=item["id"], text=item.get("text", ""), source=item["source"], step=index,
-                              draft_prob=item.get("draft_prob"), target_prob=item.get("target_prob"))
+            token = TokenView(
+                id=item["id"],
+                text=item.get("text", ""),
+                source=item["source"],
+                step=index,
+                draft_prob=item.get("draft_prob"),
+                target_prob=item.get("target_prob"),
+            )
             if token.source == CORRECTED:
                 if step is not None:
                     token.rejected = _draft_tokens(step, n_accepted)
                 elif item.get("rejected"):
                     r = item["rejected"]
-                    token.rejected = [DraftToken(id=r["id"], text=r.get("text"), draft_prob=r.get("draft_prob"),
-                                                 target_prob=r.get("target_prob"), checked=True)]
+                    token.rejected = [
+                        DraftToken(
+                            id=r["id"],
+                            text=r.get("text"),
+                            draft_prob=r.get("draft_prob"),
+                            target_prob=r.get("target_prob"),
+                            checked=True,
+                        )
+                    ]
             self.tokens.append(token)
         if step is not None:
             proposed = len(step.get("proposed", []))
@@ -102,9 +120,17 @@ class LiveRun:
         else:  # a lower bound: proposals after a rejection are not reported without ``step``
             proposed = n_accepted + any(p["source"] == CORRECTED for p in provenance)
             engine_seconds = None
-        self.steps.append(StepView(index=index, k=step.get("k") if step else None, proposed=proposed,
-                                   accepted=n_accepted, emitted=len(provenance), arrived=at,
-                                   engine_seconds=engine_seconds))
+        self.steps.append(
+            StepView(
+                index=index,
+                k=step.get("k") if step else None,
+                proposed=proposed,
+                accepted=n_accepted,
+                emitted=len(provenance),
+                arrived=at,
+                engine_seconds=engine_seconds,
+            )
+        )
 
     # ---- what the page reports -----------------------------------------------------------
 
@@ -171,6 +197,10 @@ def compare(speculative: LiveRun, plain: LiveRun) -> Comparison:
     if first is None and len(a) != len(b):
         first = min(len(a), len(b))
     spec_rate, plain_rate = speculative.tokens_per_second, plain.tokens_per_second
-    return Comparison(speculative_rate=spec_rate, plain_rate=plain_rate,
-                      speedup=spec_rate / plain_rate if plain_rate > 0 else None,
-                      identical=first is None, first_difference=first)
+    return Comparison(
+        speculative_rate=spec_rate,
+        plain_rate=plain_rate,
+        speedup=spec_rate / plain_rate if plain_rate > 0 else None,
+        identical=first is None,
+        first_difference=first,
+    )

@@ -74,8 +74,11 @@ def _draw_charts(slot: Any, run: LiveRun) -> None:
         with left:
             st.caption("Draft length asked (k), proposed and accepted, per target pass")
             # Accepted last, so it is drawn on top where every proposal was kept.
-            st.line_chart(charts.per_step(run)[["k", "proposed", "accepted"]], height=220,
-                          color=[LINE_COLOURS["other"], LINE_COLOURS[CORRECTED], LINE_COLOURS[ACCEPTED]])
+            st.line_chart(
+                charts.per_step(run)[["k", "proposed", "accepted"]],
+                height=220,
+                color=[LINE_COLOURS["other"], LINE_COLOURS[CORRECTED], LINE_COLOURS[ACCEPTED]],
+            )
             st.caption("Tokens produced vs target passes")
             st.line_chart(charts.tokens_vs_passes(run), height=220, color=[LINE_COLOURS[BONUS], LINE_COLOURS["other"]])
         with right:
@@ -103,34 +106,76 @@ def _stream_into(client: ApiClient, body: dict[str, Any], run: LiveRun, slots: S
         _draw_charts(chart_slot, run)
 
 
+def _drafting_settings(health: dict[str, Any] | None) -> dict[str, Any]:
+    """The sidebar's drafting settings: the drafters the server offers, and the draft policy."""
+    sb = st.sidebar
+    offered = [d for d in DRAFTERS if d not in NEEDS_DRAFT_MODEL or (health or {}).get("draft")]
+    server_default = (health or {}).get("drafter")
+    drafter = sb.selectbox(
+        "Drafter",
+        offered,
+        index=offered.index(server_default) if server_default in offered else 0,
+        key="drafter",
+        help="model: the server's draft model; ngram: prompt lookup; hybrid: lookup "
+        "where the context repeats, the model elsewhere; off: plain decoding",
+    )
+    k_policy = sb.selectbox(
+        "k policy",
+        K_POLICIES,
+        index=K_POLICIES.index(_default(DraftConfig, "k_policy")),
+        key="k_policy",
+        help=DraftConfig.model_fields["k_policy"].description,
+    )
+    k_low, k_high = _bounds(DraftConfig, "k")
+    k = sb.number_input(
+        "k (draft length; start for adaptive policies)", k_low, k_high, _default(DraftConfig, "k"), key="k"
+    )
+    km_low, km_high = _bounds(DraftConfig, "k_max")
+    k_max = sb.number_input("k max", km_low, km_high, _default(DraftConfig, "k_max"), key="k_max")
+    threshold = sb.slider(
+        "Confidence threshold",
+        0.0,
+        1.0,
+        float(_default(DraftConfig, "confidence_threshold")),
+        0.05,
+        key="threshold",
+        help=DraftConfig.model_fields["confidence_threshold"].description,
+    )
+    return {
+        "drafter": drafter,
+        "k_policy": k_policy,
+        "k": int(k),
+        "k_max": int(k_max),
+        "confidence_threshold": float(threshold),
+    }
+
+
 def _settings(health: dict[str, Any] | None) -> dict[str, Any]:
     """The sidebar's generation settings; defaults come from the config classes and the server."""
     sb = st.sidebar
     sb.subheader("Generation")
-    offered = [d for d in DRAFTERS if d not in NEEDS_DRAFT_MODEL or (health or {}).get("draft")]
-    server_default = (health or {}).get("drafter")
-    drafter = sb.selectbox("Drafter", offered, index=offered.index(server_default) if server_default in offered else 0,
-                           key="drafter", help="model: the server's draft model; ngram: prompt lookup; hybrid: lookup "
-                           "where the context repeats, the model elsewhere; off: plain decoding")
-    k_policy = sb.selectbox("k policy", K_POLICIES, index=K_POLICIES.index(_default(DraftConfig, "k_policy")),
-                            key="k_policy", help=DraftConfig.model_fields["k_policy"].description)
-    k_low, k_high = _bounds(DraftConfig, "k")
-    k = sb.number_input("k (draft length; start for adaptive policies)", k_low, k_high, _default(DraftConfig, "k"),
-                        key="k")
-    km_low, km_high = _bounds(DraftConfig, "k_max")
-    k_max = sb.number_input("k max", km_low, km_high, _default(DraftConfig, "k_max"), key="k_max")
-    threshold = sb.slider("Confidence threshold", 0.0, 1.0, float(_default(DraftConfig, "confidence_threshold")), 0.05,
-                          key="threshold", help=DraftConfig.model_fields["confidence_threshold"].description)
+    drafting = _drafting_settings(health)
     temperature = sb.slider("Temperature (0 = greedy)", 0.0, 2.0, 0.0, 0.05, key="temperature")
     seed = sb.number_input("Seed", 0, 2**31 - 1, 0, key="seed", help="sampling seed (temperature > 0)")
-    max_tokens = sb.number_input("Max tokens", *_bounds(GenerationConfig, "max_new_tokens"), DEFAULT_MAX_TOKENS,
-                                 key="max_tokens")
-    chat = sb.radio("Prompt format", ("chat", "completion"), key="format", horizontal=True,
-                    help="chat: the target's chat template; completion: the raw text") == "chat"
+    max_tokens = sb.number_input(
+        "Max tokens", *_bounds(GenerationConfig, "max_new_tokens"), DEFAULT_MAX_TOKENS, key="max_tokens"
+    )
+    prompt_format = sb.radio(
+        "Prompt format",
+        ("chat", "completion"),
+        key="format",
+        horizontal=True,
+        help="chat: the target's chat template; completion: the raw text",
+    )
     side_by_side = sb.checkbox("Also run the plain target (side by side)", True, key="side_by_side")
-    return {"drafter": drafter, "k_policy": k_policy, "k": int(k), "k_max": int(k_max),
-            "confidence_threshold": float(threshold), "temperature": float(temperature), "seed": int(seed),
-            "max_tokens": int(max_tokens), "chat": chat, "side_by_side": side_by_side}
+    return {
+        **drafting,
+        "temperature": float(temperature),
+        "seed": int(seed),
+        "max_tokens": int(max_tokens),
+        "chat": prompt_format == "chat",
+        "side_by_side": side_by_side,
+    }
 
 
 def _comparison(spec: LiveRun, plain: LiveRun, greedy: bool) -> None:
@@ -142,11 +187,54 @@ def _comparison(spec: LiveRun, plain: LiveRun, greedy: bool) -> None:
     d.metric("outputs identical", "yes" if result.identical else f"no (from token {result.first_difference})")
     note = "Rates are the engine's own (server-side, no HTTP). "
     if greedy and not result.identical:
-        note += ("Greedy outputs should match; a difference at a near-tie of the target's top-2 probabilities comes "
-                 "from float rounding in different matrix shapes.")
+        note += (
+            "Greedy outputs should match; a difference at a near-tie of the target's top-2 probabilities comes "
+            "from float rounding in different matrix shapes."
+        )
     elif not greedy:
         note += "Sampling is lossless in distribution, not token for token: different tokens are expected."
     st.caption(note)
+
+
+def _server(client: ApiClient) -> dict[str, Any] | None:
+    """The server's /health, shown in the sidebar; None (and the reason, on the page) if it cannot be had."""
+    try:
+        health = client.health()
+    except DashboardApiError as exc:
+        st.error(str(exc))
+        return None
+    st.sidebar.caption(
+        f"serving **{health.get('model')}**, draft **{health.get('draft') or 'none'}**, "
+        f"default drafter **{health.get('drafter')}**"
+    )
+    return health
+
+
+def _generate(
+    client: ApiClient,
+    model: str,
+    prompt: str,
+    options: dict[str, Any],
+    spec_slots: Slots,
+    plain_slots: Slots,
+    chart_slot: Any,
+) -> bool:
+    """Run the prompt speculatively, then (if asked) on the plain target; keep both runs for reruns.
+    False when the settings were refused (the reason is on the page)."""
+    try:
+        request = RunRequest.build(prompt=prompt, **{k: v for k, v in options.items() if k != "side_by_side"})
+    except DashboardApiError as exc:
+        st.error(str(exc))
+        return False
+    spec = LiveRun(drafter=request.drafter)
+    plain = LiveRun(drafter="off") if options["side_by_side"] else None
+    st.session_state["runs"] = (spec, plain, request.temperature == 0)
+    if plain is not None:
+        _draw_run(plain_slots, plain, "runs once the speculative run has finished")
+    _stream_into(client, request.body(model), spec, spec_slots, chart_slot)
+    if plain is not None and spec.error is None:
+        _stream_into(client, request.body(model, drafter="off"), plain, plain_slots, None)
+    return True
 
 
 def live_view() -> None:
@@ -154,14 +242,7 @@ def live_view() -> None:
     st.markdown(legend_html(), unsafe_allow_html=True)
     api_url = st.sidebar.text_input("API URL", os.environ.get(API_URL_ENV, DEFAULT_API_URL), key="api_url")
     client = ApiClient(api_url, api_key=os.environ.get(API_KEY_ENV))
-    try:
-        health: dict[str, Any] | None = client.health()
-    except DashboardApiError as exc:
-        health = None
-        st.error(str(exc))
-    if health is not None:
-        st.sidebar.caption(f"serving **{health.get('model')}**, draft **{health.get('draft') or 'none'}**, "
-                           f"default drafter **{health.get('drafter')}**")
+    health = _server(client)
     options = _settings(health)
     prompt = st.text_area("Prompt", DEFAULT_PROMPT, key="prompt", height=90)
     go = st.button("Generate", type="primary", disabled=health is None, key="generate")
@@ -176,20 +257,8 @@ def live_view() -> None:
     chart_slot = st.empty()
 
     if go and health is not None:
-        try:
-            request = RunRequest.build(prompt=prompt, **{k: v for k, v in options.items() if k != "side_by_side"})
-        except DashboardApiError as exc:
-            st.error(str(exc))
+        if not _generate(client, str(health["model"]), prompt, options, spec_slots, plain_slots, chart_slot):
             return
-        model = str(health["model"])
-        spec = LiveRun(drafter=request.drafter)
-        plain = LiveRun(drafter="off") if options["side_by_side"] else None
-        st.session_state["runs"] = (spec, plain, request.temperature == 0)
-        if plain is not None:
-            _draw_run(plain_slots, plain, "runs once the speculative run has finished")
-        _stream_into(client, request.body(model), spec, spec_slots, chart_slot)
-        if plain is not None and spec.error is None:
-            _stream_into(client, request.body(model, drafter="off"), plain, plain_slots, None)
 
     runs = st.session_state.get("runs")
     if runs is None:
@@ -201,8 +270,10 @@ def live_view() -> None:
         if plain is not None:
             _draw_run(plain_slots, plain, "no tokens")
         _draw_charts(chart_slot, spec)
-    spec_col.caption(f"drafter **{spec.drafter}**: {spec.count(ACCEPTED)} accepted, {spec.count(CORRECTED)} "
-                     f"corrected, {spec.count(BONUS)} bonus; finish: {spec.finish_reason or 'n/a'}")
+    spec_col.caption(
+        f"drafter **{spec.drafter}**: {spec.count(ACCEPTED)} accepted, {spec.count(CORRECTED)} "
+        f"corrected, {spec.count(BONUS)} bonus; finish: {spec.finish_reason or 'n/a'}"
+    )
     for run in (spec, plain):
         if run is not None and run.error:
             st.error(run.error)
@@ -213,8 +284,11 @@ def live_view() -> None:
 
 def report_view() -> None:
     st.title("draftwise bench report")
-    path = st.text_input("Bench output folder (or its results.jsonl / summary.json)",
-                         os.environ.get(BENCH_DIR_ENV, "draftwise-bench"), key="bench_path")
+    path = st.text_input(
+        "Bench output folder (or its results.jsonl / summary.json)",
+        os.environ.get(BENCH_DIR_ENV, "draftwise-bench"),
+        key="bench_path",
+    )
     try:
         results = load_bench(path)
     except ReportError as exc:

@@ -37,8 +37,7 @@ STYLE = f"""<style>
 def visible(text: str) -> str:
     """Escape for HTML, showing control characters (other than newline and tab) as symbols."""
     shown = "".join(
-        chr(0x2400 + ord(c)) if (ord(c) < 32 and c not in "\n\t") else ("\u2421" if ord(c) == 127 else c)
-        for c in text
+        chr(0x2400 + ord(c)) if (ord(c) < 32 and c not in "\n\t") else ("\u2421" if ord(c) == 127 else c) for c in text
     )
     return html.escape(shown, quote=True)
 
@@ -50,8 +49,7 @@ def _prob(value: float | None) -> str:
 def _rejected_html(draft: DraftToken) -> str:
     label = draft.text if draft.text is not None else f"#{draft.id}"
     if draft.checked:
-        why = (f"rejected draft token {draft.id}: draft q={_prob(draft.draft_prob)}, "
-               f"target p={_prob(draft.target_prob)}")
+        why = f"rejected draft token {draft.id}: draft q={_prob(draft.draft_prob)}, target p={_prob(draft.target_prob)}"
     else:
         why = f"discarded draft token {draft.id} (after the first rejection): draft q={_prob(draft.draft_prob)}"
     return f'<span class="dw-rejected" title="{html.escape(why, quote=True)}">{visible(label)}</span>'
@@ -64,8 +62,10 @@ def token_title(token: TokenView) -> str:
         return f"{head}; draft q={_prob(token.draft_prob)}, target p={_prob(token.target_prob)}"
     if token.source == CORRECTED and token.rejected:
         first = token.rejected[0]
-        return (f"{head}; replaced draft token {first.id} (draft q={_prob(first.draft_prob)}, "
-                f"target p={_prob(first.target_prob)})")
+        return (
+            f"{head}; replaced draft token {first.id} (draft q={_prob(first.draft_prob)}, "
+            f"target p={_prob(first.target_prob)})"
+        )
     if token.source == BONUS:
         return f"{head}; the target's own next token"
     return head
@@ -84,9 +84,15 @@ def tokens_html(run: LiveRun, placeholder: str = "") -> str:
 
 
 def legend_html() -> str:
-    items = [f'<span><span class="dw-tok dw-{s}" title="{html.escape(MEANING[s])}">&nbsp;{s}&nbsp;</span> '
-             f'{html.escape(MEANING[s].split(":")[0])}</span>' for s in (ACCEPTED, CORRECTED, BONUS)]
-    items.append(f'<span><span class="dw-rejected">&nbsp;rejected&nbsp;</span> {html.escape(MEANING["rejected"])}'
-                 "</span>")
-    return f'{STYLE}<div class="dw-legend">{"".join(items)}<span>hover a token for its draft and target '\
-           "probabilities</span></div>"
+    items = [
+        f'<span><span class="dw-tok dw-{s}" title="{html.escape(MEANING[s])}">&nbsp;{s}&nbsp;</span> '
+        f"{html.escape(MEANING[s].split(':')[0])}</span>"
+        for s in (ACCEPTED, CORRECTED, BONUS)
+    ]
+    items.append(
+        f'<span><span class="dw-rejected">&nbsp;rejected&nbsp;</span> {html.escape(MEANING["rejected"])}</span>'
+    )
+    return (
+        f'{STYLE}<div class="dw-legend">{"".join(items)}<span>hover a token for its draft and target '
+        "probabilities</span></div>"
+    )

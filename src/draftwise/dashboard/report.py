@@ -69,8 +69,10 @@ class BenchResults:
         if not self.summary:
             return f"{len(self.records)} results in {self.folder / RESULTS} (no summary.json: the run has not finished)"
         config = self.summary.get("config", {})
-        return (f"target `{config.get('target')}`, draft `{config.get('draft')}`; {self.summary.get('date')}; "
-                f"`{self.summary.get('command') or 'library call'}`")
+        return (
+            f"target `{config.get('target')}`, draft `{config.get('draft')}`; {self.summary.get('date')}; "
+            f"`{self.summary.get('command') or 'library call'}`"
+        )
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -108,8 +110,13 @@ def load_bench(path: str | Path) -> BenchResults:
     names = (summary or {}).get("plots") or sorted(p.name for p in folder.glob("*.png"))
     plots = [folder / n for n in names if (folder / n).exists()]
     report = folder / REPORT
-    return BenchResults(folder=folder, records=records, summary=summary, plots=plots,
-                        report_md=report.read_text(encoding="utf-8") if report.exists() else None)
+    return BenchResults(
+        folder=folder,
+        records=records,
+        summary=summary,
+        plots=plots,
+        report_md=report.read_text(encoding="utf-8") if report.exists() else None,
+    )
 
 
 def _acceptance(records: list[dict[str, Any]]) -> float | None:
@@ -160,8 +167,13 @@ def method_table(results: BenchResults, group: str) -> pd.DataFrame:
         for key, title in METHOD_COLUMNS.items():
             value = s.get(key)
             if key == "identical":
-                value = ("(reference)" if method == REFERENCE else
-                         f"{s['identical']}/{s['compared']}" if s.get("compared") else None)
+                value = (
+                    "(reference)"
+                    if method == REFERENCE
+                    else f"{s['identical']}/{s['compared']}"
+                    if s.get("compared")
+                    else None
+                )
             row[title] = value
         rows.append(row)
     frame = pd.DataFrame(rows, columns=["method", *METHOD_COLUMNS.values()]).set_index("method")
@@ -174,16 +186,19 @@ def record_table(results: BenchResults, group: str, method: str) -> pd.DataFrame
     for r in results.records:
         if r["method"] != method or not _in_group(r, group):
             continue
-        rows.append({
-            "prompt": r["prompt_id"],
-            "subtask": r.get("subtask"),
-            "turn": r.get("turn", 0) + 1,
-            "new tokens": r.get("new_tokens"),
-            "tokens/s": r.get("tokens_per_second"),
-            "TTFT s": r.get("ttft_seconds"),
-            "acceptance": _acceptance([r]),
-            "finish": r.get("finish_reason"),
-            "text": (r.get("text") or "")[:120],
-        })
-    return pd.DataFrame(rows, columns=["prompt", "subtask", "turn", "new tokens", "tokens/s", "TTFT s", "acceptance",
-                                       "finish", "text"])
+        rows.append(
+            {
+                "prompt": r["prompt_id"],
+                "subtask": r.get("subtask"),
+                "turn": r.get("turn", 0) + 1,
+                "new tokens": r.get("new_tokens"),
+                "tokens/s": r.get("tokens_per_second"),
+                "TTFT s": r.get("ttft_seconds"),
+                "acceptance": _acceptance([r]),
+                "finish": r.get("finish_reason"),
+                "text": (r.get("text") or "")[:120],
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["prompt", "subtask", "turn", "new tokens", "tokens/s", "TTFT s", "acceptance", "finish", "text"]
+    )

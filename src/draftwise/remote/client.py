@@ -71,9 +71,7 @@ class RemoteTarget:
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         # One client = one keep-alive connection reused by every round trip. Long read
         # timeout: a CPU server may take a while to prefill a long prompt.
-        self._http = httpx.Client(
-            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
-        )
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
         # Headers the server ignores would only add bytes to every round trip.
         for name in ("accept", "accept-encoding", "user-agent"):
             self._http.headers.pop(name, None)
@@ -145,8 +143,10 @@ class RemoteTarget:
         limit = self.info.limits.max_context
         room = limit - len(context) - 1
         if room < 0:
-            raise ContextLengthError(f"the verifier at {self.url} holds at most {limit} tokens per session "
-                                     f"(its max_context), and the context has {len(context)}")
+            raise ContextLengthError(
+                f"the verifier at {self.url} holds at most {limit} tokens per session "
+                f"(its max_context), and the context has {len(context)}"
+            )
         if len(proposal) <= room:
             return proposal
         # Verifying fewer draft tokens is always valid: the rest are simply not offered.
@@ -171,18 +171,24 @@ class RemoteTarget:
             self.routing_retries += 1
             time.sleep(ROUTING_RETRY_S)
 
-    def _post_verify(self, context: Sequence[int], tokens: list[int], q_ids: Any, q_probs: Any
-                     ) -> tuple[httpx.Response, bytes, float]:
+    def _post_verify(
+        self, context: Sequence[int], tokens: list[int], q_ids: Any, q_probs: Any
+    ) -> tuple[httpx.Response, bytes, float]:
         """One verify on the current session: (response, body sent, round-trip seconds)."""
         keep = _common_prefix(self._server_context, context)
         body = encode_verify_request(keep, list(context[keep:]), tokens, q_ids, q_probs)
         sent = time.perf_counter()
-        response = self._session_call("POST", f"/v1/sessions/{self._session}/verify", content=body,
-                                      headers={"content-type": "application/octet-stream"})
+        response = self._session_call(
+            "POST",
+            f"/v1/sessions/{self._session}/verify",
+            content=body,
+            headers={"content-type": "application/octet-stream"},
+        )
         return response, body, time.perf_counter() - sent
 
-    def _verify_anywhere(self, context: Sequence[int], tokens: list[int], q_ids: Any, q_probs: Any
-                         ) -> tuple[httpx.Response, bytes, float, int]:
+    def _verify_anywhere(
+        self, context: Sequence[int], tokens: list[int], q_ids: Any, q_probs: Any
+    ) -> tuple[httpx.Response, bytes, float, int]:
         """``_post_verify``; when the server no longer holds the session (expired, evicted, its
         replica gone), the session is opened again holding the context, once, and the last item
         is 1. A fresh random stream (no seed) keeps the draws independent of the ones already
@@ -205,7 +211,8 @@ class RemoteTarget:
         tokens = proposal.tokens.tolist()
         q_ids, q_probs = self._sparse_q(proposal)
         response, body, round_trip, reopened = self._verify_anywhere(
-            context, tokens, None if q_ids is None else q_ids.numpy(), None if q_probs is None else q_probs.numpy())
+            context, tokens, None if q_ids is None else q_ids.numpy(), None if q_probs is None else q_probs.numpy()
+        )
         try:
             answer = decode_verify_response(response.content, len(tokens))
         except ProtocolError as exc:

@@ -120,9 +120,9 @@ def decode_verify_request(body: bytes) -> VerifyRequest:
 
 
 def encode_verify_response(n_accepted: int, next_token: int, server_seconds: float, target_probs: list[float]) -> bytes:
-    return _RESPONSE_HEADER.pack(n_accepted, next_token, server_seconds) + np.asarray(
-        target_probs, dtype=_FLOAT
-    ).tobytes()
+    return (
+        _RESPONSE_HEADER.pack(n_accepted, next_token, server_seconds) + np.asarray(target_probs, dtype=_FLOAT).tobytes()
+    )
 
 
 def decode_verify_response(body: bytes, k: int) -> VerifyResponse:
@@ -186,16 +186,18 @@ class ServerInfo(_Strict):
     eos_token_ids: list[int]
     limits: Limits
     routing_header: str | None = Field(
-        None, description="a fleet of replicas (draftwise serve-verifier --ray): the header that carries the session "
-        "ID on every request to a session, so it is routed to the replica holding it; None = one server"
+        None,
+        description="a fleet of replicas (draftwise serve-verifier --ray): the header that carries the session "
+        "ID on every request to a session, so it is routed to the replica holding it; None = one server",
     )
 
 
 class Affinity(_Strict):
     hits: int = Field(..., description="verifies that found their session on the server that answered")
     misses: int = Field(
-        ..., description="verifies for a session the server did not hold (expired, evicted, or in a fleet held by "
-        "another replica); the client re-opens the session there, losslessly"
+        ...,
+        description="verifies for a session the server did not hold (expired, evicted, or in a fleet held by "
+        "another replica); the client re-opens the session there, losslessly",
     )
 
 

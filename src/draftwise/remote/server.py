@@ -131,8 +131,9 @@ class VerifierService:
         prompt = request.prompt
         if len(prompt) >= self.max_context:  # a session must also hold the token a verify adds
             raise VerifierError(
-                422, f"prompt has {len(prompt)} tokens; this server's max_context of {self.max_context} leaves "
-                f"room for prompts of at most {self.max_context - 1} (each verify adds a token)"
+                422,
+                f"prompt has {len(prompt)} tokens; this server's max_context of {self.max_context} leaves "
+                f"room for prompts of at most {self.max_context - 1} (each verify adds a token)",
             )
         self._check_ids(np.asarray(prompt, dtype=np.int64), "prompt")
         with self._lock:
@@ -192,8 +193,9 @@ class VerifierService:
             raise VerifierError(422, f"block of {k} tokens is over this server's max_block of {limits.max_block}")
         if request.n_top > limits.max_q_entries:
             raise VerifierError(
-                422, f"{request.n_top} draft-distribution entries per token is over max_q_entries of "
-                f"{limits.max_q_entries}; sample the draft from fewer tokens (draft.proposal_top)"
+                422,
+                f"{request.n_top} draft-distribution entries per token is over max_q_entries of "
+                f"{limits.max_q_entries}; sample the draft from fewer tokens (draft.proposal_top)",
             )
         self._check_ids(request.append, "append")
         self._check_ids(request.tokens, "the proposed block")
@@ -215,8 +217,9 @@ class VerifierService:
                 raise VerifierError(422, "the context would be empty: keep or append at least one token")
             if len(context) + k + 1 > self.max_context:
                 raise VerifierError(
-                    422, f"context of {len(context)} tokens plus a block of {k} and the token it adds is over "
-                    f"max_context of {self.max_context}"
+                    422,
+                    f"context of {len(context)} tokens plus a block of {k} and the token it adds is over "
+                    f"max_context of {self.max_context}",
                 )
             proposal = Proposal(
                 tokens=torch.from_numpy(request.tokens.astype(np.int64)),
@@ -251,8 +254,9 @@ class VerifierService:
         if (q_x <= 0).any():
             row = int((q_x <= 0).nonzero()[0])
             raise VerifierError(
-                422, f"proposed token {int(tokens[row])} at position {row} has draft probability 0 in q; "
-                "a drafted token must come from its q"
+                422,
+                f"proposed token {int(tokens[row])} at position {row} has draft probability 0 in q; "
+                "a drafted token must come from its q",
             )
         return q
 
@@ -269,16 +273,27 @@ _VERIFY_DOC = (
 )
 
 # The error statuses each route sends, for /openapi.json; every one has an ErrorDetail body.
-_AUTH = {401: "missing or wrong API key (only when the server has one)",
-         500: "a fault in the server, never the request's"}
+_AUTH = {
+    401: "missing or wrong API key (only when the server has one)",
+    500: "a fault in the server, never the request's",
+}
 _BODY = {411: "chunked request body: send a Content-Length", 413: "request body over max_body_bytes"}
 _UNKNOWN = {404: "unknown session (closed, expired or evicted): open a new one"}
-_OPEN_ERRORS = {**_AUTH, **_BODY, 400: "the body is not JSON text (not UTF-8)",
-                422: "invalid session settings or prompt (the message names the field), or a prompt that "
-                     "leaves no room under max_context"}
-_VERIFY_ERRORS = {**_AUTH, **_BODY, **_UNKNOWN, 409: "keep is past the session's context",
-                  422: "a body that breaks the wire format or a limit (max_block, max_context, max_q_entries), "
-                       "or token ids outside the vocabulary"}
+_OPEN_ERRORS = {
+    **_AUTH,
+    **_BODY,
+    400: "the body is not JSON text (not UTF-8)",
+    422: "invalid session settings or prompt (the message names the field), or a prompt that "
+    "leaves no room under max_context",
+}
+_VERIFY_ERRORS = {
+    **_AUTH,
+    **_BODY,
+    **_UNKNOWN,
+    409: "keep is past the session's context",
+    422: "a body that breaks the wire format or a limit (max_block, max_context, max_q_entries), "
+    "or token ids outside the vocabulary",
+}
 
 
 def _install_handlers(app: FastAPI) -> None:
@@ -311,14 +326,23 @@ def _session_routes(service: VerifierService, authorize: Callable[..., Any]) -> 
         """The model, its tokenizer fingerprint and vocabulary size, and the server's limits."""
         return service.info()
 
-    @router.post("/v1/sessions", response_model=SessionOpened, status_code=201, tags=["sessions"],
-                 responses=error_responses(ErrorDetail, _OPEN_ERRORS))
+    @router.post(
+        "/v1/sessions",
+        response_model=SessionOpened,
+        status_code=201,
+        tags=["sessions"],
+        responses=error_responses(ErrorDetail, _OPEN_ERRORS),
+    )
     def open_session(body: OpenSession) -> SessionOpened:
         """Open a session: prefill the prompt (all but its last token) into a fresh KV cache."""
         return service.open(body)
 
-    @router.delete("/v1/sessions/{session_id}", status_code=204, tags=["sessions"],
-                   responses=error_responses(ErrorDetail, {**_AUTH, **_UNKNOWN}))
+    @router.delete(
+        "/v1/sessions/{session_id}",
+        status_code=204,
+        tags=["sessions"],
+        responses=error_responses(ErrorDetail, {**_AUTH, **_UNKNOWN}),
+    )
     def close_session(session_id: str) -> Response:
         """Close a session and free its cache."""
         service.close(session_id)
@@ -345,8 +369,13 @@ def _session_routes(service: VerifierService, authorize: Callable[..., Any]) -> 
     return router
 
 
-def create_app(settings: VerifierSettings, lm: LanguageModel | None = None,
-               log: Callable[[str], None] | None = None, *, service: VerifierService | None = None) -> FastAPI:
+def create_app(
+    settings: VerifierSettings,
+    lm: LanguageModel | None = None,
+    log: Callable[[str], None] | None = None,
+    *,
+    service: VerifierService | None = None,
+) -> FastAPI:
     """Build the verifier app; loads ``settings.target`` unless a loaded ``lm`` is given, or a
     ``service`` (over its own model: a fleet replica's, see ``draftwise.cluster.verifier``).
 
@@ -410,4 +439,3 @@ def _status_routes(service: VerifierService) -> APIRouter:
         return service.health()
 
     return router
-

@@ -21,7 +21,9 @@ class VerifierSettings(BaseModel):
         None, description="require 'Authorization: Bearer KEY' on every endpoint but /health"
     )
     max_sessions: int = Field(
-        8, ge=1, le=4096,
+        8,
+        ge=1,
+        le=4096,
         description="open sessions; beyond, the least recently used is evicted (sessions not yet verified go last)",
     )
     idle_timeout_s: float = Field(
@@ -29,12 +31,11 @@ class VerifierSettings(BaseModel):
     )
     max_context: int = Field(32768, ge=2, description="tokens a session may hold (prompt + generated + block)")
     max_block: int = Field(64, ge=1, le=4096, description="proposed tokens per verify request")
-    max_q_entries: int = Field(
-        4096, ge=1, description="draft-distribution entries per proposed token (sampling mode)"
-    )
+    max_q_entries: int = Field(4096, ge=1, description="draft-distribution entries per proposed token (sampling mode)")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body accepted")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often idle sessions are looked for")
     ray: ServeScale | None = Field(
-        None, description="run as a Ray Serve deployment of this many replicas, sessions routed by their ID "
-        "(limits are per replica; host and port are Serve's proxy); None = one process on uvicorn"
+        None,
+        description="run as a Ray Serve deployment of this many replicas, sessions routed by their ID "
+        "(limits are per replica; host and port are Serve's proxy); None = one process on uvicorn",
     )
