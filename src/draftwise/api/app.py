@@ -31,6 +31,7 @@ from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
 from draftwise.lm import LanguageModel
 from draftwise.metrics import GenerationMetrics
+from draftwise.policies import CostProfile
 from draftwise.verify import TokenSource
 from draftwise.web import BodyLimit, bearer_guard, error_responses
 
@@ -421,17 +422,8 @@ def create_app(
     here also get their costs measured for the cost policy (``draftwise.costs``). ``log``
     receives the loader's one-line notes (backend and dtype choice, first-time conversions)."""
     from draftwise import __version__
-    from draftwise.costs import calibrate
-    from draftwise.loading import load_pair
 
-    profile = None
-    if target is None:
-        target, draft = load_pair(settings.target, settings.draft, settings.models, log=log)
-        if settings.generation.draft.k_policy == "cost":
-            profile = calibrate(target, draft, settings.generation.draft.k_max, log)
-    if target.tokenizer is None:
-        raise ModelLoadError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
-
+    target, draft, profile = _models(settings, target, draft, log)
     metrics = ServerMetrics()
     pool = WorkerPool(
         build_workers(target, draft, settings.workers, profile), settings.queue_size, settings.request_timeout, metrics
@@ -459,6 +451,26 @@ def create_app(
     _add_status_routes(app, service)
     complete(app, settings.served_model)  # the rest of /openapi.json
     return app
+
+
+def _models(
+    settings: ServerSettings,
+    target: LanguageModel | None,
+    draft: LanguageModel | None,
+    log: Callable[[str], None] | None,
+) -> tuple[LanguageModel, LanguageModel | None, CostProfile | None]:
+    """The pair to serve (loaded and timed here unless given), and what drafting costs with it."""
+    from draftwise.costs import calibrate
+    from draftwise.loading import load_pair
+
+    profile = None
+    if target is None:
+        target, draft = load_pair(settings.target, settings.draft, settings.models, log=log)
+        if settings.generation.draft.k_policy == "cost":
+            profile = calibrate(target, draft, settings.generation.draft.k_max, log)
+    if target.tokenizer is None:
+        raise ModelLoadError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
+    return target, draft, profile
 
 
 def _install_middleware(app: FastAPI, settings: ServerSettings, metrics: ServerMetrics) -> list[Any]:
