@@ -11,6 +11,7 @@ settings and CPU in ``$DRAFTWISE_HOME/costs.json``, so only the first run pays (
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import time
@@ -66,7 +67,7 @@ def time_passes(lm: LanguageModel, sizes: range) -> dict[int, float]:
         lm.rollback(len(context))
 
     one(1)  # the first call pages weights in and picks kernels
-    times = {n: _fastest(lambda n=n: one(n)) for n in sizes}
+    times = {n: _fastest(functools.partial(one, n)) for n in sizes}
     lm.reset()
     return times
 

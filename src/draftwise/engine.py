@@ -8,7 +8,7 @@ which is the baseline draftwise compares against.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,14 +210,16 @@ class SpeculativeEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
-            ids = self.tokenizer.encode(prompt)
+            ids: list[int] = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
         return ids
 
-    def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StepEvent]:
+    def stream(
+        self, prompt: str | Sequence[int], config: GenerationConfig | None = None
+    ) -> Generator[StepEvent, None, None]:
         """Generate, yielding one event per target pass."""
         config = config or GenerationConfig()
         policy = make_policy(config.draft, self.profile) if self.drafter is not None else FixedK(0)

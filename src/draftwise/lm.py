@@ -25,9 +25,14 @@ class Tokenizer(Protocol):
     ``add_special_tokens``, adds what the model adds on its own (a BOS token, for some).
     """
 
-    chat_template: str | None
-    eos_token_id: int | None
-    pad_token_id: int | None
+    @property
+    def chat_template(self) -> str | None: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def pad_token_id(self) -> int | None: ...
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
@@ -50,7 +55,10 @@ class LanguageModel(Protocol):
     name: str
     backend: str  # "hf" or "llamacpp"
     tokens: list[int]
-    tokenizer: Tokenizer | None
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """Text <-> ids for this model (shared by its forks); None for a model without one."""
 
     @property
     def vocab_size(self) -> int:

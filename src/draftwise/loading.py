@@ -77,7 +77,7 @@ def choose_backend(location: Path | str, backend: str, log: Log) -> str:
     if llama_cpp_available():
         return "llamacpp"
     log(
-        f"llama-cpp-python is not installed, so {location.name} runs on the slower hf backend "
+        f"llama-cpp-python is not installed, so {Path(location).name} runs on the slower hf backend "
         f"(dequantized in PyTorch); for llama.cpp's kernels: {LLAMA_CPP_INSTALL}"
     )
     return "hf"

@@ -97,16 +97,17 @@ def drop_framework_422(app: FastAPI) -> None:
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = build()  # built once, then cached by FastAPI in app.openapi_schema
-            for operations in schema["paths"].values():
-                for operation in operations.values():
-                    responses = operation.get("responses", {})
-                    ref = responses.get("422", {}).get("content", {}).get("application/json", {}).get("schema", {})
-                    if ref.get("$ref", "").endswith("/HTTPValidationError"):
-                        del responses["422"]
-            for name in ("HTTPValidationError", "ValidationError"):
-                schema.get("components", {}).get("schemas", {}).pop(name, None)
-        return app.openapi_schema
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()  # built once, then cached by FastAPI in app.openapi_schema
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                responses = operation.get("responses", {})
+                ref = responses.get("422", {}).get("content", {}).get("application/json", {}).get("schema", {})
+                if ref.get("$ref", "").endswith("/HTTPValidationError"):
+                    del responses["422"]
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -69,7 +69,7 @@ def install_handlers(app: FastAPI) -> None:
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
 
-    app.add_exception_handler(APIError, on_api_error)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(Exception, on_unexpected)
+    app.exception_handler(APIError)(on_api_error)
+    app.exception_handler(RequestValidationError)(on_validation)
+    app.exception_handler(StarletteHTTPException)(on_http)
+    app.exception_handler(Exception)(on_unexpected)

@@ -64,15 +64,17 @@ def complete(app: FastAPI, served_model: str) -> None:
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schemas = build()["components"]["schemas"]  # FastAPI caches it in app.openapi_schema
-            _, definitions = models_json_schema(
-                [(m, "serialization") for m in _EVENT_MODELS], ref_template="#/components/schemas/{model}"
-            )
-            for name, definition in definitions["$defs"].items():
-                schemas.setdefault(name, definition)
-            for request in ("CompletionRequest", "ChatCompletionRequest"):
-                schemas[request]["properties"]["model"]["enum"] = [served_model]
-        return app.openapi_schema
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()  # FastAPI caches it in app.openapi_schema
+        schemas = schema["components"]["schemas"]
+        _, definitions = models_json_schema(
+            [(m, "serialization") for m in _EVENT_MODELS], ref_template="#/components/schemas/{model}"
+        )
+        for name, definition in definitions["$defs"].items():
+            schemas.setdefault(name, definition)
+        for request in ("CompletionRequest", "ChatCompletionRequest"):
+            schemas[request]["properties"]["model"]["enum"] = [served_model]
+        return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -8,7 +8,7 @@ the provenance switch.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer
 
@@ -32,14 +32,15 @@ class _SpeculativeBase(_Request):
 
 
 # Every DraftConfig knob, optional here: what a request leaves out comes from the server's defaults.
+_OPTIONAL_KNOBS: dict[str, Any] = {
+    name: (cast(Any, field.annotation) | None, Field(None, description=field.description))
+    for name, field in DraftConfig.model_fields.items()
+}
 SpeculativeOptions = create_model(
     "SpeculativeOptions",
     __base__=_SpeculativeBase,
     __doc__="Per-request speculation settings (a draftwise extension of the OpenAI API).",
-    **{
-        name: (field.annotation | None, Field(None, description=field.description))
-        for name, field in DraftConfig.model_fields.items()
-    },
+    **_OPTIONAL_KNOBS,
 )
 
 
@@ -62,7 +63,7 @@ class GenerationRequest(_Request):
     frequency_penalty: float = Field(0.0, description="only 0 is supported")
     user: str | None = Field(None, description="ignored")
     logprobs: bool | int | None = Field(None, description="not supported: leave out, null, false or 0")
-    speculative: SpeculativeOptions | None = None  # type: ignore[valid-type]
+    speculative: SpeculativeOptions | None = None
 
     @field_validator("stop")
     @classmethod
@@ -106,12 +107,15 @@ class CompletionRequest(GenerationRequest):
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
             if len(value) != 1:
                 raise ValueError("batched prompts are not supported: send one prompt per request")
-            value = value[0]
+            value = str(value[0])
         if len(value) == 0:
             raise ValueError("the prompt is empty")
-        if isinstance(value, list) and min(value) < 0:
+        if isinstance(value, str):
+            return encodable(value)
+        ids = cast(list[int], value)  # a list of texts is one text by now
+        if min(ids) < 0:
             raise ValueError("token ids must not be negative")
-        return encodable(value) if isinstance(value, str) else value
+        return ids
 
 
 class TextPart(_Request):

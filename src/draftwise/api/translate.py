@@ -7,9 +7,9 @@ the client as a 400 that names the field.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from draftwise.api.errors import APIError, invalid, validation_error
 from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -30,9 +30,10 @@ class Plan:
 def encode_completion(request: CompletionRequest, tokenizer: Any, vocab_size: int) -> list[int]:
     if isinstance(request.prompt, str):
         return tokenizer.encode(request.prompt)
-    if max(request.prompt) >= vocab_size:
-        raise invalid(f"token id {max(request.prompt)} is outside the vocabulary (size {vocab_size})", param="prompt")
-    return list(request.prompt)
+    ids = cast(list[int], request.prompt)  # the request's validator made a list of one text its text
+    if max(ids) >= vocab_size:
+        raise invalid(f"token id {max(ids)} is outside the vocabulary (size {vocab_size})", param="prompt")
+    return list(ids)
 
 
 def _fallback_chat(messages: list[dict[str, str]]) -> str:
@@ -55,7 +56,7 @@ def encode_chat(request: ChatCompletionRequest, tokenizer: Any) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _validated(cls: type, data: dict[str, Any], prefix: tuple[str, ...]) -> Any:
+def _validated(cls: type[BaseModel], data: dict[str, Any], prefix: tuple[str, ...]) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:

@@ -69,10 +69,15 @@ class HFMethod:
             options.update(prompt_lookup_num_tokens=pld_tokens(config), max_matching_ngram_size=config.draft.ngram_max)
         return HFGenerationConfig(**options)
 
+    def _assistant(self) -> HFModel:
+        if self.draft is None:
+            raise ValueError("hf-assisted needs a draft model")
+        return self.draft
+
     def _configure_assistant(self, config: GenerationConfig) -> None:
         # transformers keeps the draft length and threshold on the assistant's own
         # generation_config and may change them during a call: set them afresh every run.
-        assistant = self.draft.model.generation_config
+        assistant = self._assistant().model.generation_config
         assistant.num_assistant_tokens = max(1, config.draft.k)
         assistant.num_assistant_tokens_schedule = HF_SCHEDULE[config.draft.k_policy]
         assistant.assistant_confidence_threshold = config.draft.confidence_threshold
@@ -82,7 +87,7 @@ class HFMethod:
         extra: dict[str, Any] = {}
         if self.name == "hf-assisted":
             self._configure_assistant(config)
-            extra["assistant_model"] = self.draft.model
+            extra["assistant_model"] = self._assistant().model
         if not config.sampling.greedy and config.sampling.seed is not None:
             torch.manual_seed(config.sampling.seed)  # transformers samples from torch's global generator
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, T]

@@ -60,7 +60,7 @@ class _PassCounter:
             self.count += 1
             inner(tokens)
 
-        llm.eval = counted_eval  # type: ignore[method-assign]
+        llm.eval = counted_eval
 
 
 class LlamaCppPythonMethod:

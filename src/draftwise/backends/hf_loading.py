@@ -215,7 +215,7 @@ def load_hf(
             raise ModelLoadError(f"tiny model source must be 'tiny:SEED', got {source!r}") from exc
         return _with_weight_formats(tiny_lm(seed), quantize, bool(pack) and device == "cpu", rows, log)
 
-    dtype = options.dtype
+    dtype: str = options.dtype
     if dtype == "auto":
         dtype, why = ("bfloat16", "auto dtype on cuda: bfloat16") if device == "cuda" else pick_dtype()
         log(why)

@@ -37,6 +37,14 @@ DENSE_ROWS = 128
 class Int4Linear(nn.Module):
     """A linear layer with int4 weights (bfloat16 activations inside, any dtype outside)."""
 
+    # Buffers (register_buffer), declared for the type checker.
+    packed: torch.Tensor
+    codes: torch.Tensor
+    group_scale: torch.Tensor
+    group_zero: torch.Tensor
+    scales_zeros: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, linear: nn.Linear, group_size: int = 64) -> None:
         super().__init__()
         out_features, in_features = linear.weight.shape
@@ -79,6 +87,11 @@ class Int4Linear(nn.Module):
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights, one scale per output feature (bfloat16 activations
     inside, any dtype outside): ``w ~ q * scale`` with ``q`` in -127..127."""
+
+    # Buffers (register_buffer), declared for the type checker.
+    weight_int8: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()

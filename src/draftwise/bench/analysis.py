@@ -75,10 +75,11 @@ def decode_rate(record: Record) -> float | None:
 def prompt_decode_rate(turns: Sequence[Record]) -> float | None:
     """Decode-phase tokens/s of one prompt, all turns together; None when any turn's is unknown."""
     phases = [decode_phase(r) for r in turns]
-    if any(p is None for p in phases):
+    known = [p for p in phases if p is not None]
+    if len(known) < len(phases):
         return None
-    seconds = sum(p[1] for p in phases)
-    return sum(p[0] for p in phases) / seconds if seconds > 0 else None
+    seconds = sum(p[1] for p in known)
+    return sum(p[0] for p in known) / seconds if seconds > 0 else None
 
 
 def relative_speed(
@@ -90,12 +91,12 @@ def relative_speed(
 ) -> float | None:
     """Mean ``rate`` of ``method`` over that of ``base``, on the prompts both finished and
     both have a rate for; None when there are none."""
-    pairs = [
+    rates = [
         (rate(complete[(method, pid)]), rate(complete[(base, pid)]))
         for pid in prompt_ids
         if (method, pid) in complete and (base, pid) in complete
     ]
-    pairs = [(own, ref) for own, ref in pairs if own is not None and ref is not None]
+    pairs = [(own, ref) for own, ref in rates if own is not None and ref is not None]
     if not pairs:
         return None
     reference = mean(ref for _, ref in pairs)
@@ -123,6 +124,10 @@ def complete_prompts(records: Sequence[Record], prompts: Sequence[Prompt]) -> Co
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
+
+
+def _milliseconds(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
 
 
 def _acceptance_by_position(records: Sequence[Record]) -> list[float]:
@@ -214,8 +219,8 @@ def _delivery_stats(records: Sequence[Record]) -> dict[str, Any]:
     ttfts = [r["ttft_seconds"] for r in timed if r["ttft_seconds"] is not None]
     return {
         "ttft_seconds": mean(ttfts) if ttfts else None,
-        "latency_p50_ms": None if not latencies else 1000 * percentile(latencies, 50),
-        "latency_p95_ms": None if not latencies else 1000 * percentile(latencies, 95),
+        "latency_p50_ms": _milliseconds(percentile(latencies, 50)),
+        "latency_p95_ms": _milliseconds(percentile(latencies, 95)),
         "target_passes": passes if timed else None,
         "mean_accepted_length": tokens / passes if passes else None,
         "passes_per_token": passes / tokens if tokens else None,

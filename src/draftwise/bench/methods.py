@@ -14,15 +14,19 @@ import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from draftwise.bench.config import ANCHORS, HF_ANCHORS, BenchConfig, BenchError
-from draftwise.config import NEEDS_DRAFT_MODEL, GenerationConfig
+from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig
 from draftwise.drafters import build_drafter
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.lm import LanguageModel
 from draftwise.metrics import GenerationMetrics
 from draftwise.policies import CostProfile
+
+if TYPE_CHECKING:
+    from draftwise.backends.hf import HFModel
+    from draftwise.backends.llamacpp import LlamaCppModel
 
 
 @dataclass
@@ -131,7 +135,9 @@ def _anchor(name: str, config: BenchConfig, target: LanguageModel, draft: Langua
             )
         from draftwise.backends.anchors_hf import HFMethod
 
-        return HFMethod(name, target, draft if name == "hf-assisted" else None)
+        # backend "hf": the models are HFModels
+        hf_draft = cast("HFModel | None", draft) if name == "hf-assisted" else None
+        return HFMethod(name, cast("HFModel", target), hf_draft)
     if target.backend != "llamacpp":
         raise BenchError(
             f"method {name} runs llama.cpp on the GGUF files: it needs the llamacpp backend "
@@ -139,7 +145,8 @@ def _anchor(name: str, config: BenchConfig, target: LanguageModel, draft: Langua
         )
     from draftwise.backends.anchors_llamacpp import build_llamacpp_anchor
 
-    return build_llamacpp_anchor(name, config, target, draft)
+    # backend "llamacpp": the models are LlamaCppModels
+    return build_llamacpp_anchor(name, config, cast("LlamaCppModel", target), cast("LlamaCppModel | None", draft))
 
 
 def build_methods(
@@ -157,6 +164,7 @@ def build_methods(
             methods[name] = DraftwiseMethod(name, autoregressive(target), target_timer)
         else:
             timed = [*target_timer, timers[id(draft)]] if name in NEEDS_DRAFT_MODEL else target_timer
-            engine = SpeculativeEngine.from_models(target, build_drafter(name, draft), copy.deepcopy(profile))
+            drafter = build_drafter(cast(DrafterKind, name), draft)  # neither an anchor nor the baseline
+            engine = SpeculativeEngine.from_models(target, drafter, copy.deepcopy(profile))
             methods[name] = DraftwiseMethod(name, engine, timed)
     return methods, list(timers.values())

@@ -221,7 +221,9 @@ class UnitRunner:
         if memo not in self._scores:
             self._scores[memo] = score_output(self.target, prompt_ids, trace.tokens)
         perplexity, gaps = self._scores[memo]
-        text = self.target.tokenizer.decode(trace.tokens, skip_special_tokens=True)
+        tokenizer = self.target.tokenizer
+        assert tokenizer is not None  # the prompts were built with it
+        text = tokenizer.decode(trace.tokens, skip_special_tokens=True)
         record = _record(
             trace, prompt, turn, method.name, position, self.config_hash, prompt_ids, text, perplexity, gaps
         )

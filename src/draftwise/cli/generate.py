@@ -20,7 +20,7 @@ from typing import Any, Optional
 import typer
 
 from draftwise.cli.options import config_parameters, with_model_options
-from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, ModelOptions
+from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, ModelOptions
 from draftwise.errors import ConfigError, TargetError
 
 STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
@@ -108,23 +108,24 @@ def _stats_table(metrics: Any, title: str):
     return table
 
 
-def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, str]:
+def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, DrafterKind]:
     """(draft model source, drafter kind): explicit flags win, else the registry's advice."""
     from draftwise.registry import REGISTRY
 
     if drafter is not None and drafter not in DRAFTER_KINDS:
         kinds = ", ".join(f"'{kind}'" for kind in DRAFTER_KINDS[:-1]) + f" or '{DRAFTER_KINDS[-1]}'"
         raise ConfigError(f"--drafter must be {kinds}, got {drafter!r}")
-    if drafter == "ngram":
+    kind = drafter  # one of DRAFTER_KINDS, or None
+    if kind == "ngram":
         return None, "ngram"
     if draft is not None:
-        return draft, drafter or "hybrid"
+        return draft, kind or "hybrid"
     entry = REGISTRY.get(target)
     recommended = entry.draft if entry is not None else None
-    if drafter in NEEDS_DRAFT_MODEL:
+    if kind in NEEDS_DRAFT_MODEL:
         if recommended in (None, "ngram"):
-            raise ConfigError(f"--drafter {drafter} needs --draft: no draft model is known for {target!r}")
-        return recommended, drafter
+            raise ConfigError(f"--drafter {kind} needs --draft: no draft model is known for {target!r}")
+        return recommended, kind
     return (recommended, "hybrid") if recommended not in (None, "ngram") else (None, "ngram")
 
 
@@ -139,21 +140,23 @@ class _Models:
 
 
 def _load(
-    target: str, draft: str | None, drafter: str, verifier: str | None, models: ModelOptions, console: Any
+    target: str, draft: str | None, drafter: DrafterKind, verifier: str | None, models: ModelOptions, console: Any
 ) -> _Models:
     from draftwise.loading import load_lm, load_pair
 
     log = console.print
     if verifier is not None:  # only the draft runs here; it also supplies the tokenizer
         with console.status(f"loading draft {draft}"):
-            draft_lm = load_lm(str(draft), models, draft=True, log=log)
-        return _Models(None, draft_lm, draft_lm.tokenizer)
+            draft_only = load_lm(str(draft), models, draft=True, log=log)
+        return _Models(None, draft_only, draft_only.tokenizer)
     with console.status(f"loading {target}" + (f" and draft {draft}" if draft else "")):
         target_lm, draft_lm = load_pair(target, draft if drafter in NEEDS_DRAFT_MODEL else None, models, log=log)
     return _Models(target_lm, draft_lm, target_lm.tokenizer)
 
 
-def _engine(loaded: _Models, drafter: str, verifier: str | None, ids: list[int], config: Any, console: Any) -> Any:
+def _engine(
+    loaded: _Models, drafter: DrafterKind, verifier: str | None, ids: list[int], config: Any, console: Any
+) -> Any:
     """The speculative engine: on the local target (both models warmed up first, their costs
     measured for the cost policy), or on a remote verifier."""
     from draftwise.costs import calibrate
@@ -330,7 +333,7 @@ def register(app: typer.Typer) -> None:
         """Generate text with speculative decoding; tokens are coloured by where they came from."""
         models = kwargs.pop("models")
         kwargs.pop("models_given")
-        _run(*(kwargs.pop(name) for name in names), models=models, values=kwargs)
+        _run(**{name: kwargs.pop(name) for name in names}, models=models, values=kwargs)
 
     generate.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in fixed]

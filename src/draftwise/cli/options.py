@@ -83,7 +83,7 @@ def _cli_type(annotation: Any) -> tuple[Any, str]:
     if origin is Literal:
         return Optional[str], "one of " + ", ".join(map(str, typing.get_args(annotation)))
     if origin is tuple:
-        return Optional[List[args[0]]], "repeatable"
+        return Optional[List[args[0]]], "repeatable"  # type: ignore[valid-type]  # a type made at run time, for typer
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
         if typing.get_origin(args[0]) is Literal:
             return Optional[str], "one of " + ", ".join(map(str, typing.get_args(args[0])))

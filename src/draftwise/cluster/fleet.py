@@ -208,7 +208,7 @@ def describe(scale: ServeScale) -> str:
 
 
 def serve_fleet(
-    replica: type,
+    replica: type[FleetReplica],
     settings: Any,
     options: dict[str, Any],
     what: str,

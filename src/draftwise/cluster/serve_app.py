@@ -55,7 +55,7 @@ def merge_metrics(texts: dict[str, str]) -> bytes:
             )
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Fleet())  # type: ignore[arg-type]
+    registry.register(Fleet())
     return generate_latest(registry)
 
 

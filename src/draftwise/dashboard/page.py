@@ -296,8 +296,12 @@ def report_view() -> None:
         return
     st.caption(results.headline())
     group = st.selectbox("Subtask", results.groups, key="bench_group")
+    if group is None:  # no results to group
+        return
     st.dataframe(method_table(results, group), width="stretch")
     method = st.selectbox("Method", results.methods, key="bench_method")
+    if method is None:
+        return
     st.dataframe(record_table(results, group, method), width="stretch", hide_index=True)
     if results.plots:
         st.subheader("Plots (whole run)")
