@@ -129,12 +129,24 @@ def test_cost_picks_the_argmax_of_expected_tokens_per_second():
     assert 0 < next_k(policy) == max(rates, key=rates.get) < 12
 
 
-def test_cost_probes_again_after_idle_steps():
+def test_cost_probes_again_after_idle_steps_backing_off():
     policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
     feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    ks = [next_k(policy) for _ in range(9)]
+    ks = [next_k(policy) for _ in range(4 + 8 + 16 + 32 + 32)]
+    probes = [i for i, k in enumerate(ks) if k > 0]
+    # each probe that leaves drafting unprofitable doubles the wait, up to 8 x probe_every
+    assert probes == [3, 3 + 8, 3 + 8 + 16, 3 + 8 + 16 + 32, 3 + 8 + 16 + 32 + 32]
+
+
+def test_cost_probe_wait_resets_once_drafting_pays():
+    policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
+    feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
+    assert [next_k(policy) > 0 for _ in range(12)].count(True) == 2  # probes after 4, then 8 idle steps
+    feed(policy, 30, k=4, accepted=4, draft_token_s=0.02, verify_s=1.0)
+    assert next_k(policy) >= 4  # drafting pays again: the wait is back to probe_every
+    feed(policy, 30, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
+    ks = [next_k(policy) for _ in range(4)]
     assert ks[:3] == [0, 0, 0] and ks[3] >= 1
-    assert ks[4:7] == [0, 0, 0] and ks[7] >= 1
 
 
 def test_cost_recovers_when_the_draft_becomes_good():

@@ -240,8 +240,11 @@ class CostAwareK:
     the configured k, if its catch-up would cost no more than a few plain steps (a draft
     model that has not read a long prompt is not worth a prefill just to find out). A source
     whose draft cost is unmeasured is priced by its ``cost_hint``. When no offer beats plain
-    decoding the policy drafts nothing, and every ``probe_every`` such steps it drafts once
-    with the best offer to re-measure.
+    decoding the policy drafts nothing, and after ``probe_every`` such steps it drafts once
+    with the best offer to re-measure. A probe that does not bring drafting back doubles the
+    wait before the next one (up to ``PROBE_BACKOFF`` times ``probe_every``): on text the
+    drafter cannot predict, probes are pure cost, and a model drafter's probe also pays to
+    catch up on the steps it sat out.
 
     Example: t_verify = 0.28 s for 1 token and 0.54 s for 3, t_draft = 0.06 s, alpha = 0.6:
     k = 2 gives 1.96 tokens / 0.66 s = 2.97 tokens/s, below plain decoding's 3.57, so the
@@ -254,6 +257,7 @@ class CostAwareK:
     # a one-token plain pass (until measured).
     CATCHUP_GUESS = 0.05
     EXPLORE_STEPS = 8.0  # most plain passes' worth of catch-up spent to try a source once
+    PROBE_BACKOFF = 8  # the longest wait between probes, in multiples of probe_every
 
     def __init__(self, config: DraftConfig, profile: CostProfile | None = None) -> None:
         self.k_max = config.k_max
@@ -262,6 +266,7 @@ class CostAwareK:
         self.profile = profile or CostProfile()
         self._counts = {key: _prior(counts) for key, counts in self.profile.acceptance.items()}
         self._idle_steps = 0
+        self._probe_gap = self.probe_every  # idle steps before the next probe
 
     @property
     def pass_times(self) -> PassTimes:
@@ -326,11 +331,12 @@ class CostAwareK:
             return explore
         best, rate = self._best(offers, remaining)
         if rate > (self.rate(None, 0, remaining) or 0.0):
-            self._idle_steps = 0
+            self._idle_steps, self._probe_gap = 0, self.probe_every
             return best
         self._idle_steps += 1
-        if self._idle_steps >= self.probe_every and best is not PLAIN:
+        if self._idle_steps >= self._probe_gap and best is not PLAIN:
             self._idle_steps = 0
+            self._probe_gap = min(2 * self._probe_gap, self.PROBE_BACKOFF * self.probe_every)
             return best
         return PLAIN
 
