@@ -230,7 +230,8 @@ class CostAwareK:
     token is accepted independently with probability alpha). Drafting ``k`` tokens from an
     offer is expected to emit ``expected_tokens(alpha, k)`` tokens and to take
     ``k t_draft + t_verify(k + 1)``, plus the offer's catch-up (``behind`` tokens fed at the
-    measured catch-up rate) spread over the steps left in the budget; plain decoding emits
+    measured catch-up rate) spread over the steps left in the budget, at most
+    ``CATCHUP_HORIZON`` of them; plain decoding emits
     one token in ``t_verify(1)``. ``t_draft`` per source and ``t_verify`` per block size
     (``PassTimes``) are measured and kept in a ``CostProfile`` across generations.
 
@@ -241,7 +242,7 @@ class CostAwareK:
     model that has not read a long prompt is not worth a prefill just to find out). A source
     whose draft cost is unmeasured is priced by its ``cost_hint``. When no offer beats plain
     decoding the policy drafts nothing, and after ``probe_every`` such steps it drafts once
-    with the best offer to re-measure. A probe that does not bring drafting back doubles the
+    with the best offer whose catch-up is cheap enough to re-measure. A probe that does not bring drafting back doubles the
     wait before the next one (up to ``PROBE_BACKOFF`` times ``probe_every``): on text the
     drafter cannot predict, probes are pure cost, and a model drafter's probe also pays to
     catch up on the steps it sat out.
@@ -258,6 +259,9 @@ class CostAwareK:
     CATCHUP_GUESS = 0.05
     EXPLORE_STEPS = 8.0  # most plain passes' worth of catch-up spent to try a source once
     PROBE_BACKOFF = 8  # the longest wait between probes, in multiples of probe_every
+    # A catch-up is priced as if repaid within this many steps, not over the whole budget:
+    # once paid it is sunk, and the source may turn out worse than its record.
+    CATCHUP_HORIZON = 16.0
 
     def __init__(self, config: DraftConfig, profile: CostProfile | None = None) -> None:
         self.k_max = config.k_max
@@ -294,8 +298,8 @@ class CostAwareK:
         plain = self.pass_times.at(1) or verify
         draft = self.profile.draft_token_seconds.get(offer.source, offer.cost_hint * plain)
         tokens = expected_tokens(self.alpha_of(offer.stats_key), k)
-        steps_left = max(1.0, remaining / tokens)
-        seconds = verify + k * draft + self._catchup_seconds(offer) / steps_left
+        steps = min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
+        seconds = verify + k * draft + self._catchup_seconds(offer) / steps
         return tokens / seconds if seconds > 0 else None
 
     def _catchup_seconds(self, offer: Offer) -> float:
@@ -304,11 +308,16 @@ class CostAwareK:
             per_token = self.CATCHUP_GUESS * (self.pass_times.at(1) or 0.0)
         return offer.behind * per_token
 
+    def _affordable(self, offers: Sequence[Offer]) -> list[Offer]:
+        """The offers whose catch-up costs at most ``EXPLORE_STEPS`` plain passes: the only
+        ones worth trying just to find out (a probe, or a source never tried)."""
+        budget = self.EXPLORE_STEPS * (self.pass_times.at(1) or 0.0)
+        return [offer for offer in offers if self._catchup_seconds(offer) <= budget]
+
     def _exploration(self, offers: Sequence[Offer]) -> Choice | None:
         """An offer whose acceptance was never observed, if trying it is cheap enough."""
-        budget = self.EXPLORE_STEPS * (self.pass_times.at(1) or 0.0)
-        for offer in offers:
-            if offer.stats_key not in self._counts and self._catchup_seconds(offer) <= budget:
+        for offer in self._affordable(offers):
+            if offer.stats_key not in self._counts:
                 return Choice(offer, self.k_start if offer.limit is None else min(self.k_start, offer.limit))
         return None
 
@@ -334,11 +343,13 @@ class CostAwareK:
             self._idle_steps, self._probe_gap = 0, self.probe_every
             return best
         self._idle_steps += 1
-        if self._idle_steps >= self._probe_gap and best is not PLAIN:
+        if self._idle_steps < self._probe_gap:
+            return PLAIN
+        probe, _ = self._best(self._affordable(offers), remaining)
+        if probe is not PLAIN:
             self._idle_steps = 0
             self._probe_gap = min(2 * self._probe_gap, self.PROBE_BACKOFF * self.probe_every)
-            return best
-        return PLAIN
+        return probe
 
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)
