@@ -157,7 +157,10 @@ class LlamaCppSpecMethod:
         threads = str(self.target.threads)
         command = [
             str(self.binary), "-m", str(self.target.weights.path), "-md", str(self.draft.weights.path),
-            "-f", str(prompt_file), "-c", str(self.target.n_ctx), "-b", batch, "-ub", batch,
+            # --no-escape: by default the binary turns the two characters backslash-t of a prompt
+            # into a tab (backslash-n, backslash-backslash, ... likewise), so a prompt quoting
+            # LaTeX or code would reach the model as other tokens.
+            "-f", str(prompt_file), "--no-escape", "-c", str(self.target.n_ctx), "-b", batch, "-ub", batch,
             "-t", threads, "-tb", threads,
             "--spec-type", "draft-simple", "--spec-draft-n-max", str(spec_draft_max(config)),
             "--spec-draft-n-min", "0", "--spec-draft-p-min", str(d.confidence_threshold),
