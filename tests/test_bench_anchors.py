@@ -186,6 +186,8 @@ SMOL = "smollm2-135m"
 ROWS = [
     {"id": "copy", "prompt": "Repeat this sentence twice: the cat sat on the mat."},
     {"id": "count", "prompt": "List the numbers from 1 to 10, separated by commas."},
+    # Backslash sequences stay as typed (llama.cpp's programs unescape \t, \n, ... by default).
+    {"id": "latex", "prompt": r"Explain \text{Area} = \frac{1}{2} at \(x_1, y_1\) in one line."},
     # Longer than one 512-token batch: prefill in pieces, and llama-cpp-python's score
     # buffer must hold it (see LlamaCppPythonMethod).
     {"id": "long", "prompt": "Summarize in one line: " + "The cat sat on the mat and looked at the dog. " * 60},

@@ -142,12 +142,24 @@ def test_cost_picks_the_argmax_of_expected_tokens_per_second():
     assert 0 < next_k(policy) == max(rates, key=rates.get) < 12
 
 
-def test_cost_probes_again_after_idle_steps():
+def test_cost_probes_again_after_idle_steps_backing_off():
     policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
     feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    ks = [next_k(policy) for _ in range(9)]
+    ks = [next_k(policy) for _ in range(4 + 8 + 16 + 32 + 32)]
+    probes = [i for i, k in enumerate(ks) if k > 0]
+    # each probe that leaves drafting unprofitable doubles the wait, up to 8 x probe_every
+    assert probes == [3, 3 + 8, 3 + 8 + 16, 3 + 8 + 16 + 32, 3 + 8 + 16 + 32 + 32]
+
+
+def test_cost_probe_wait_resets_once_drafting_pays():
+    policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
+    feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
+    assert [next_k(policy) > 0 for _ in range(12)].count(True) == 2  # probes after 4, then 8 idle steps
+    feed(policy, 30, k=4, accepted=4, draft_token_s=0.02, verify_s=1.0)
+    assert next_k(policy) >= 4  # drafting pays again: the wait is back to probe_every
+    feed(policy, 30, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
+    ks = [next_k(policy) for _ in range(4)]
     assert ks[:3] == [0, 0, 0] and ks[3] >= 1
-    assert ks[4:7] == [0, 0, 0] and ks[7] >= 1
 
 
 def test_cost_recovers_when_the_draft_becomes_good():
@@ -253,3 +265,25 @@ def test_cost_profile_carries_costs_and_acceptance_to_the_next_generation():
     assert second.pass_times.at(1) == first.pass_times.at(1)
     assert second.alpha_of("model") > 0.9  # the first generation's acceptance is the prior
     assert next_k(second) >= 4  # no plain step, no exploration: both were measured before
+
+
+def test_cost_probes_only_sources_that_are_cheap_to_catch_up():
+    # The model drafter sat out a long prompt: a probe would pay its whole prefill just to
+    # re-measure, so probes skip it, however many plain steps go by.
+    policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
+    feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
+    far = Offer("model", behind=2000)
+    assert all(policy.choose([far], 1000) == PLAIN for _ in range(40))
+    near = Offer("model", behind=2)  # the probe that was due goes to a source cheap to try
+    assert [policy.choose([near], 1000).k > 0 for _ in range(9)] == [True] + [False] * 7 + [True]
+
+
+def test_cost_prices_a_catch_up_over_a_few_steps_not_the_whole_budget():
+    # A good, cheap draft model that is 2,000 tokens behind: spread over 1,000 tokens to go
+    # its catch-up would look free, but once paid it is sunk, so it must pay off within
+    # CATCHUP_HORIZON steps; a few tokens behind, the same draft model is used at once.
+    policy = CostAwareK(DraftConfig(k=4, k_max=8, probe_every=1000))
+    feed(policy, 30, k=4, accepted=4, draft_token_s=0.01, verify_s=1.0)
+    policy.profile.catchup_token_seconds["model"] = 0.1  # a tenth of a plain pass per token
+    assert policy.choose([Offer("model", behind=2000)], 1000) == PLAIN
+    assert policy.choose([Offer("model", behind=10)], 1000).k >= 4

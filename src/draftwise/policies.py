@@ -232,9 +232,10 @@ class CostAwareK:
     token is accepted independently with probability alpha). Drafting ``k`` tokens from an
     offer is expected to emit ``expected_tokens(alpha, k)`` tokens and to take
     ``k t_draft + t_verify(k + 1)``, plus the offer's catch-up (``behind`` tokens fed at the
-    measured catch-up rate) spread over the steps left in the budget; plain decoding emits
-    one token in ``t_verify(1)``. ``t_draft`` per source and ``t_verify`` per block size
-    (``PassTimes``) are measured and kept in a ``CostProfile`` across generations.
+    measured catch-up rate) spread over the steps left in the budget, at most
+    ``CATCHUP_HORIZON`` of them; plain decoding emits one token in ``t_verify(1)``.
+    ``t_draft`` per source and ``t_verify`` per block size (``PassTimes``) are measured and
+    kept in a ``CostProfile`` across generations.
 
     Until the profile knows a plain pass, the policy decodes plainly (to measure what
     drafting must beat; ``draftwise.costs.calibrate`` measures it, and every block size,
@@ -242,8 +243,11 @@ class CostAwareK:
     the configured k, if its catch-up would cost no more than a few plain steps (a draft
     model that has not read a long prompt is not worth a prefill just to find out). A source
     whose draft cost is unmeasured is priced by its ``cost_hint``. When no offer beats plain
-    decoding the policy drafts nothing, and every ``probe_every`` such steps it drafts once
-    with the best offer to re-measure.
+    decoding the policy drafts nothing, and after ``probe_every`` such steps it drafts once
+    with the best offer whose catch-up is cheap enough, to re-measure. A probe that does not
+    bring drafting back doubles the wait before the next one (up to ``PROBE_BACKOFF`` times
+    ``probe_every``): on text the drafter cannot predict, probes are pure cost, and a model
+    drafter's probe also pays to catch up on the steps it sat out.
 
     Example, times in plain passes: verifying 3 tokens costs 1.9, drafting one costs 0.2,
     alpha = 0.6: k = 2 gives 1.96 tokens / 2.3 = 0.85 tokens per plain pass, below plain
@@ -256,6 +260,10 @@ class CostAwareK:
     # a one-token plain pass (until measured).
     CATCHUP_GUESS = 0.05
     EXPLORE_STEPS = 8.0  # most plain passes' worth of catch-up spent to try a source once
+    PROBE_BACKOFF = 8  # the longest wait between probes, in multiples of probe_every
+    # A catch-up is priced as if repaid within this many steps, not over the whole budget:
+    # once paid it is sunk, and the source may turn out worse than its record.
+    CATCHUP_HORIZON = 16.0
 
     def __init__(self, config: DraftConfig, profile: CostProfile | None = None) -> None:
         self.k_max = config.k_max
@@ -264,6 +272,7 @@ class CostAwareK:
         self.profile = profile or CostProfile()
         self._counts = {key: _prior(counts) for key, counts in self.profile.acceptance.items()}
         self._idle_steps = 0
+        self._probe_gap = self.probe_every  # idle steps before the next probe
 
     @property
     def pass_times(self) -> PassTimes:
@@ -291,8 +300,8 @@ class CostAwareK:
         plain = self.pass_times.at(1) or verify
         draft = self.profile.draft_token_seconds.get(offer.source, offer.cost_hint * plain)
         tokens = expected_tokens(self.alpha_of(offer.stats_key), k)
-        steps_left = max(1.0, remaining / tokens)
-        seconds = verify + k * draft + self._catchup_seconds(offer) / steps_left
+        steps = min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
+        seconds = verify + k * draft + self._catchup_seconds(offer) / steps
         return tokens / seconds if seconds > 0 else None
 
     def _catchup_seconds(self, offer: Offer) -> float:
@@ -301,11 +310,16 @@ class CostAwareK:
             per_token = self.CATCHUP_GUESS * (self.pass_times.at(1) or 0.0)
         return offer.behind * per_token
 
+    def _affordable(self, offers: Sequence[Offer]) -> list[Offer]:
+        """The offers whose catch-up costs at most ``EXPLORE_STEPS`` plain passes: the only
+        ones worth trying just to find out (a probe, or a source never tried)."""
+        budget = self.EXPLORE_STEPS * (self.pass_times.at(1) or 0.0)
+        return [offer for offer in offers if self._catchup_seconds(offer) <= budget]
+
     def _exploration(self, offers: Sequence[Offer]) -> Choice | None:
         """An offer whose acceptance was never observed, if trying it is cheap enough."""
-        budget = self.EXPLORE_STEPS * (self.pass_times.at(1) or 0.0)
-        for offer in offers:
-            if offer.stats_key not in self._counts and self._catchup_seconds(offer) <= budget:
+        for offer in self._affordable(offers):
+            if offer.stats_key not in self._counts:
                 return Choice(offer, self.k_start if offer.limit is None else min(self.k_start, offer.limit))
         return None
 
@@ -328,13 +342,16 @@ class CostAwareK:
             return explore
         best, rate = self._best(offers, remaining)
         if rate > (self.rate(None, 0, remaining) or 0.0):
-            self._idle_steps = 0
+            self._idle_steps, self._probe_gap = 0, self.probe_every
             return best
         self._idle_steps += 1
-        if self._idle_steps >= self.probe_every and best is not PLAIN:
+        if self._idle_steps < self._probe_gap:
+            return PLAIN
+        probe, _ = self._best(self._affordable(offers), remaining)
+        if probe is not PLAIN:
             self._idle_steps = 0
-            return best
-        return PLAIN
+            self._probe_gap = min(2 * self._probe_gap, self.PROBE_BACKOFF * self.probe_every)
+        return probe
 
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)

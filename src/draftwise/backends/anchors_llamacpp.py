@@ -176,8 +176,12 @@ class LlamaCppSpecMethod:
             str(self.target.weights.path),
             "-md",
             str(self.draft.weights.path),
+            # --no-escape: by default the binary turns the two characters backslash-t of a prompt
+            # into a tab (backslash-n, backslash-backslash, ... likewise), so a prompt quoting
+            # LaTeX or code would reach the model as other tokens.
             "-f",
             str(prompt_file),
+            "--no-escape",
             "-c",
             str(self.target.n_ctx),
             "-b",
