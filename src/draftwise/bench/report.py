@@ -283,11 +283,12 @@ def _setup_lines(
     summary: dict[str, Any],
     config: BenchConfig,
     prompts: Sequence[Prompt],
-    records: Sequence[Record],
+    prompt_format: str,
     machine: dict[str, Any],
     command: str | None,
 ) -> list[str]:
-    """The report's header: when, what command, which machine, models, settings and prompts."""
+    """The report's header: when, what command, which machine, models, settings, prompts and
+    how they were formatted."""
     d = config.generation.draft
     counts = {s: sum(p.subtask == s for p in prompts) for s in subtask_order(prompts)}
     return [
@@ -306,7 +307,7 @@ def _setup_lines(
         *[f"- `{m}`: {note}" for m in config.methods if (note := describe(m, config.generation))],
         f"- prompts: {len(prompts)} ({sum(len(p.turns) for p in prompts)} turns) from `{config.data}`: "
         + ", ".join(f"{s} {n}" for s, n in counts.items()),
-        f"- prompt format: {_chat_line(records, config)}",
+        f"- prompt format: {prompt_format}",
         f"- each prompt's methods run in one process, one after another, order rotated per prompt"
         f"{', after an untimed warm-up' if config.warmup else ''}; results hash `{summary['config_hash']}`",
         *_nodes_lines(summary.get("nodes") or []),
@@ -326,7 +327,7 @@ def render(
     methods = list(config.methods)
     greedy = config.generation.sampling.greedy
     groups = summary["groups"]
-    lines = _setup_lines(summary, config, prompts, records, machine, command)
+    lines = _setup_lines(summary, config, prompts, _chat_line(records, config), machine, command)
     lines += ["## Overall", "", *_overall_table(groups[OVERALL], methods, greedy), ""]
     for base in summary.get("bases") or [REFERENCE]:
         lines += _speedup_matrix(groups, methods, base)
