@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -79,13 +80,16 @@ def main() -> None:
     from draftwise.engine import SpeculativeEngine
     from draftwise.loading import load_lm
     from draftwise.remote.client import connect
-    from draftwise.remote.server import create_app, serve_in_background
+    from draftwise.remote.server import create_app
     from draftwise.remote.settings import VerifierSettings
     from draftwise.target import LocalTarget
 
     # Load here first: a GGUF's first load writes its converted weights, which a server
     # process then reads instead of converting the same file at the same time.
     from draftwise.config import ModelOptions
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from local_server import serve_in_background  # scripts/local_server.py
 
     options = ModelOptions(threads=args.threads)
     target = load_lm(args.target, options)
@@ -95,7 +99,7 @@ def main() -> None:
             url = stack.enter_context(server_process(args.target, args.threads))
         else:
             # Same weights as the local run (sessions get their own caches): half the memory.
-            settings = VerifierSettings(target=args.target, threads=args.threads)
+            settings = VerifierSettings(target=args.target, models=options)
             url = stack.enter_context(serve_in_background(create_app(settings, lm=target)))
         config = GenerationConfig(
             max_new_tokens=args.max_new_tokens, ignore_eos=True, draft=DraftConfig(k_policy="fixed", k=args.k)

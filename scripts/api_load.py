@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from local_server import serve_in_background  # scripts/, on the path when a script runs
+
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -94,27 +96,6 @@ async def run_level(url: str, args: argparse.Namespace, clients: int, advance: A
         "ttft_s": round(statistics.mean(r["ttft"] for r in results), 3),
         "acceptance": round(statistics.mean(rates), 3) if rates else None,
     }
-
-
-@contextlib.contextmanager
-def serve_in_background(app: Any) -> Iterator[str]:
-    """``app`` on uvicorn in a thread, on a free loopback port; yields its URL."""
-    import threading
-
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("the server did not start")
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @contextlib.contextmanager

@@ -100,7 +100,7 @@ REGISTRY: dict[str, PackagedModel] = {
 
 
 # What `draftwise generate` runs with no model arguments and what `make run` pulls; the
-# README explains the choice.
+# choice is explained in docs/models-and-backends.md.
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT: str | None = "qwen2.5-coder-0.5b"  # None = the n-gram drafter
 
