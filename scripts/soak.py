@@ -304,18 +304,13 @@ async def _api_load(
         await asyncio.gather(*(_api_client(i, http, url, deadline, budget, tally, references) for i in range(clients)))
 
 
-def api_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def _phase_result(
+    flags: list[str], args: argparse.Namespace, wall: float, tally: Tally, memory: dict[str, Any], url: str
+) -> dict[str, Any]:
+    """One phase's result: the server, its load, what the clients counted, its memory and health."""
     import httpx
 
-    flags = ["serve", "--target", "tiny:0", "--draft", "tiny:1", "--workers", "2", "--queue-size", "16"]
-    with cli_server(flags, "/health", workdir / "api.log") as (url, process):
-        references = asyncio.run(_api_references(url))
-        sampler, tally, started = RssSampler(process.pid), Tally(), time.monotonic()
-        asyncio.run(_api_load(url, args.clients, args.duration, Budget(args.max_requests), tally, references))
-        wall = time.monotonic() - started
-        time.sleep(2)  # let the last cancelled generations finish their step
-        memory = sampler.stop(args.warmup)
-        health = httpx.get(url + "/health", timeout=10, trust_env=False).json()
+    health = httpx.get(url + "/health", timeout=10, trust_env=False).json()
     return {
         "server": " ".join(["draftwise", *flags]),
         "clients": args.clients,
@@ -324,6 +319,17 @@ def api_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         **memory,
         "health_after": health,
     }
+
+
+def api_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    flags = ["serve", "--target", "tiny:0", "--draft", "tiny:1", "--workers", "2", "--queue-size", "16"]
+    with cli_server(flags, "/health", workdir / "api.log") as (url, process):
+        references = asyncio.run(_api_references(url))
+        sampler, tally, started = RssSampler(process.pid), Tally(), time.monotonic()
+        asyncio.run(_api_load(url, args.clients, args.duration, Budget(args.max_requests), tally, references))
+        wall = time.monotonic() - started
+        time.sleep(2)  # let the last cancelled generations finish their step
+        return _phase_result(flags, args, wall, tally, sampler.stop(args.warmup), url)
 
 
 # --- verifier phase ----------------------------------------------------------------------
@@ -407,7 +413,6 @@ def _verifier_client(
 
 
 def verifier_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    import httpx
     import torch
 
     from draftwise.backends.tiny import tiny_lm
@@ -432,16 +437,7 @@ def verifier_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for client in clients:
             client.join()
         wall = time.monotonic() - started
-        memory = sampler.stop(args.warmup)
-        health = httpx.get(url + "/health", timeout=10, trust_env=False).json()
-    return {
-        "server": " ".join(["draftwise", *flags]),
-        "clients": args.clients,
-        "wall_s": wall,
-        **tally.summary(),
-        **memory,
-        "health_after": health,
-    }
+        return _phase_result(flags, args, wall, tally, sampler.stop(args.warmup), url)
 
 
 # --- report ------------------------------------------------------------------------------
