@@ -265,7 +265,7 @@ def test_cli_runs_the_bench_end_to_end(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (("--subtasks", "nope"), "unknown subtask(s) nope"),
-        (("--methods", "baseline,magic"), "methods"),
+        (("--methods", "baseline,magic"), "error: --methods: Input should be"),
         (("--data", "/no/such/file.jsonl"), "prompt file not found"),
         (("--temperature", "-1"), "temperature"),
     ],

@@ -89,7 +89,9 @@ def _line(error: Mapping[str, Any], flags: bool) -> str:
     if not flags:
         return f"{'.'.join(parts)}: {_problem(error)}"
     got = f" (got {error['input']!r})" if "input" in error else ""
-    return f"{', '.join(flag(p) for p in parts)}: {_problem(error)}{got}"
+    # A list flag's element shows up as its index (methods.0): the flag alone names it.
+    names = [p for p in parts if not p.isdigit()]
+    return f"{', '.join(flag(p) for p in names)}: {_problem(error)}{got}"
 
 
 def validation_message(
