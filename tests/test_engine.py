@@ -208,7 +208,7 @@ class ScriptedTarget:
         self.eos_token_ids = (eos,)
         self._prompt_len = 0
 
-    def start(self, prompt, config, generator) -> None:
+    def start(self, prompt, config, generator, cancelled=None) -> None:
         self._prompt_len = len(prompt)
 
     def verify(self, context, proposal: Proposal) -> Verification:
@@ -229,7 +229,7 @@ class OracleDrafter:
         self.extra = extra
         self._prompt_len = 0
 
-    def start(self, prompt, config, generator) -> None:
+    def start(self, prompt, config, generator, cancelled=None) -> None:
         self._prompt_len = len(prompt)
 
     def offers(self, context) -> tuple[Offer, ...]:

@@ -127,7 +127,7 @@ def test_same_vocabulary_is_compatible_despite_padded_embeddings():
 
 def test_different_vocabulary_names_the_difference():
     bigger = tiny_tokenizer()
-    bigger.add_tokens(["<extra>"])
+    bigger.hf.add_tokens(["<extra>"])
     with pytest.raises(IncompatibleModelsError, match=r"258 vs 257 tokens .*'<extra>'"):
         check_compatible(tiny_tokenizer(), bigger, "t", "d")
     # Same size, two ids swapped: a vocabulary that only a per-token comparison catches.

@@ -133,7 +133,7 @@ def test_proposal_top_limits_the_draft_distribution(tiny_random_draft):
 def test_handshake_refuses_a_different_tokenizer(url, target_lm):
     tokenizer = tiny_tokenizer()
     assert tokenizer_fingerprint(tokenizer) == tokenizer_fingerprint(target_lm.tokenizer)
-    tokenizer.add_tokens(["<extra>"])
+    tokenizer.hf.add_tokens(["<extra>"])
     with pytest.raises(RemoteVerifierError, match="tokenizer differs"):
         connect(url, tokenizer=tokenizer)
 

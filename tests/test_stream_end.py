@@ -43,8 +43,8 @@ class RefusesAfter:
         self.steps = steps
         self.eos_token_ids = target.eos_token_ids
 
-    def start(self, prompt, config, generator) -> None:
-        self.target.start(prompt, config, generator)
+    def start(self, prompt, config, generator, cancelled=None) -> None:
+        self.target.start(prompt, config, generator, cancelled)
 
     def verify(self, context, proposal) -> Verification:
         if self.steps == 0:

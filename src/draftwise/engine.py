@@ -218,17 +218,24 @@ class SpeculativeEngine:
         return ids
 
     def stream(
-        self, prompt: str | Sequence[int], config: GenerationConfig | None = None
+        self,
+        prompt: str | Sequence[int],
+        config: GenerationConfig | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Generator[StepEvent, None, None]:
-        """Generate, yielding one event per target pass."""
+        """Generate, yielding one event per target pass. The consumer may stop between events;
+        ``cancelled`` also reaches into the prefill, which is one long pass: once it is true
+        there, the stream ends with no event."""
         config = config or GenerationConfig()
         policy = make_policy(config.draft, self.profile) if self.drafter is not None else FixedK(0)
         run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy)
         target_generator, drafter_generator = seeded_generators(config.sampling.seed)
 
-        # 1. Prefill target and drafter with the prompt.
+        # 1. Prefill target and drafter with the prompt (unless cancelled meanwhile).
         started = time.perf_counter()
-        self.target.start(run.context, config, target_generator)
+        self.target.start(run.context, config, target_generator, cancelled)
+        if cancelled is not None and cancelled():
+            return
         if self.drafter is not None:
             self.drafter.start(run.context, config, drafter_generator)
         run.prefill_seconds = time.perf_counter() - started

@@ -11,7 +11,7 @@ seam imports a backend's libraries or reaches into a backend's objects.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -19,10 +19,13 @@ import torch
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """Text <-> token ids, as every backend provides it (transformers' tokenizers fit as they are).
+    """Text <-> token ids, as every backend provides it (transformers' tokenizers through
+    ``draftwise.backends.hf.HFTokenizer``).
 
-    ``encode`` recognises special tokens written in the text (``<|im_start|>``) and, with
-    ``add_special_tokens``, adds what the model adds on its own (a BOS token, for some).
+    ``encode`` recognises control tokens written in the text (``<|im_start|>``) unless told
+    not to (``parse_special=False``: every character is text, so user text can never pass for
+    markup), and, with ``add_special_tokens``, adds what the model adds on its own (a BOS
+    token, for some). Its cost is linear in the text.
     """
 
     @property
@@ -34,7 +37,11 @@ class Tokenizer(Protocol):
     @property
     def pad_token_id(self) -> int | None: ...
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    @property
+    def control_tokens(self) -> Mapping[str, int]:
+        """The markup strings ``encode`` turns into control tokens, with their ids."""
+
+    def encode(self, text: str, add_special_tokens: bool = True, *, parse_special: bool = True) -> list[int]: ...
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
 
@@ -100,12 +107,23 @@ class LanguageModel(Protocol):
         load); its tokenizer may be used from another thread."""
 
 
-def prefill(lm: LanguageModel, prompt: Sequence[int]) -> None:
+# Prompt tokens fed per forward while prefilling: a cancelled request stops between chunks.
+# The llamacpp backend decodes in pieces of this size anyway (its BATCH), so chunking there
+# changes no number.
+PREFILL_CHUNK = 512
+
+
+def prefill(lm: LanguageModel, prompt: Sequence[int], cancelled: Callable[[], bool] | None = None) -> None:
     """Start a new sequence: cache everything but the prompt's last token, which is fed with
-    the first block (its scores are what the first step needs)."""
+    the first block (its scores are what the first step needs). Fed in chunks of
+    ``PREFILL_CHUNK``; when ``cancelled()`` turns true between two, the rest is left out (the
+    caller, who asked, is abandoning the sequence)."""
     lm.reset()
-    if len(prompt) > 1:
-        lm.forward(prompt[:-1], last=1)
+    body = prompt[:-1]
+    for start in range(0, len(body), PREFILL_CHUNK):
+        if cancelled is not None and cancelled():
+            return
+        lm.forward(body[start : start + PREFILL_CHUNK], last=1)
 
 
 def sync(lm: LanguageModel, context: Sequence[int]) -> list[int]:

@@ -7,7 +7,7 @@ functions from ``draftwise.verify``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,8 +29,15 @@ class Verification:
 class Target(Protocol):
     eos_token_ids: tuple[int, ...]
 
-    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
-        """Begin a new sequence (prefill everything but the last prompt token)."""
+    def start(
+        self,
+        prompt: Sequence[int],
+        config: GenerationConfig,
+        generator: torch.Generator | None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
+        """Begin a new sequence (prefill everything but the last prompt token); a long prefill
+        may stop early once ``cancelled()`` is true (the sequence is then abandoned)."""
 
     def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
         """Score ``proposal`` after ``context`` in one pass and decide what to keep."""
@@ -45,10 +52,16 @@ class LocalTarget:
         self._config = GenerationConfig()
         self._generator: torch.Generator | None = None
 
-    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+    def start(
+        self,
+        prompt: Sequence[int],
+        config: GenerationConfig,
+        generator: torch.Generator | None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
         self._config = config
         self._generator = generator
-        prefill(self.lm, prompt)
+        prefill(self.lm, prompt, cancelled)
 
     def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
         # The newest committed token is never in the cache yet: it is fed together with the

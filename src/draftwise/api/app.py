@@ -12,6 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +27,8 @@ from draftwise.api.monitoring import ServerMetrics
 from draftwise.api.openapi import GUARDED, UNKNOWN_MODEL, complete, generation_responses
 from draftwise.api.pool import GenerationTimeout, Job, QueueFull, WorkerPool, build_workers
 from draftwise.api.settings import ServerSettings
-from draftwise.api.translate import Plan, encode_chat, encode_completion, plan
+from draftwise.api.translate import Plan, context_exceeded, encode_chat, encode_completion, plan, prompt_bytes
+from draftwise.chat import PromptTooLong
 from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
 from draftwise.lm import LanguageModel
@@ -253,6 +255,32 @@ class _Service:
         self.pool = pool
         self.metrics = metrics
         self.created = int(time.time())
+        # No token is longer than this, so a text of n bytes holds at least n / this tokens.
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        self.token_bytes_max = max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1)
+        # Chat templates and tokenizers take time in proportion to the text, which may be
+        # megabytes: they run here, never on the event loop, so /health and running streams
+        # go on meanwhile. Two threads: one large prompt does not hold up every other.
+        self.text_work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="draftwise-text")
+
+    async def encode(self, request: s.GenerationRequest, work: Callable[[int | None], list[int]]) -> list[int]:
+        """``work(limit)``'s prompt ids, off the event loop. A prompt that cannot fit the
+        context is refused before the tokenizer's work: here when its text is longer than the
+        context could hold even in the vocabulary's longest tokens, in ``work`` when it holds
+        more markup and text pieces than the context has positions."""
+        limit = self.context_limit
+        size = prompt_bytes(request)
+        if limit is not None and size > limit * self.token_bytes_max:
+            raise context_exceeded(
+                request,
+                f"this model's maximum context length is {limit} tokens, and a prompt of {size} "
+                f"bytes holds more (no token of this model is longer than {self.token_bytes_max} bytes)",
+            )
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.text_work, work, limit)
+        except PromptTooLong as exc:
+            message = f"this model's maximum context length is {limit} tokens, and {exc}"
+            raise context_exceeded(request, message) from exc
 
     def check_model(self, name: str) -> None:
         if name != self.settings.served_model:
@@ -348,7 +376,10 @@ def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
     async def completions(body: s.CompletionRequest, http: Request) -> Any:
         """Complete a prompt (OpenAI `completions`); `stream: true` answers with SSE chunks."""
         service.check_model(body.model)
-        prompt = encode_completion(body, service.tokenizer, service.vocab_size)
+        parse_special = service.settings.parse_special
+        prompt = await service.encode(
+            body, lambda limit: encode_completion(body, service.tokenizer, service.vocab_size, parse_special, limit)
+        )
         return await service.generate(body, prompt, completion_shape, http)
 
     @app.post(
@@ -360,7 +391,7 @@ def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
     async def chat_completions(body: s.ChatCompletionRequest, http: Request) -> Any:
         """Answer a conversation with the target's chat template (OpenAI `chat.completions`)."""
         service.check_model(body.model)
-        prompt = encode_chat(body, service.tokenizer)
+        prompt = await service.encode(body, lambda limit: encode_chat(body, service.tokenizer, limit))
         return await service.generate(body, prompt, chat_shape, http)
 
     def card() -> s.ModelCard:
@@ -434,6 +465,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         pool.close()
+        service.text_work.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(
         title="draftwise",

@@ -213,18 +213,21 @@ class WorkerPool:
         stream = None
         first = True
         try:
-            stream = worker.engine(drafter).stream(prompt, config)
+            # The cancel flag reaches into the prefill: a long prompt stops between chunks.
+            stream = worker.engine(drafter).stream(prompt, config, job.cancel_flag.is_set)
             for event in stream:
                 metrics.observe_step(event, time.perf_counter() - job.arrived if first else None)
                 first = False
                 push(event)
                 if event.finished:
                     metrics.generations.labels(event.finish_reason or "stop").inc()
-                elif job.cancel_flag.is_set():
-                    reason = job.cancel_reason or "disconnect"
-                    metrics.cancelled.labels(reason).inc()
-                    metrics.generations.labels(reason).inc()
+                    return
+                if job.cancel_flag.is_set():
                     break
+            # Cancelled between steps, or during the prefill (then the stream had no event).
+            reason = job.cancel_reason or "disconnect"
+            metrics.cancelled.labels(reason).inc()
+            metrics.generations.labels(reason).inc()
         except Exception as exc:  # handed to the consumer, which reports it to the client
             metrics.generations.labels("error").inc()
             push(exc)

@@ -46,6 +46,11 @@ class ServerSettings(BaseModel):
     max_context: int | None = Field(
         None, ge=2, description="prompt + completion tokens allowed; None = the target's own limit"
     )
+    parse_special: bool = Field(
+        False,
+        description="raw prompts (/v1/completions): read control-token strings such as <|im_end|> in them as "
+        "control tokens, as llama-server does; off: every character is text. Chat messages are always text",
+    )
     generation: GenerationConfig = Field(
         GenerationConfig(),
         description="request defaults: max_new_tokens is the default max_tokens, draft the default speculation",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from draftwise.api.errors import APIError, invalid, validation_error
 from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from draftwise.api.settings import ServerSettings
+from draftwise.chat import PromptError, PromptTooLong, encode_messages, encode_raw
 from draftwise.config import NEEDS_DRAFT_MODEL, DraftConfig, DrafterName, GenerationConfig, SamplingConfig
 
 
@@ -27,9 +28,13 @@ class Plan:
     provenance: bool
 
 
-def encode_completion(request: CompletionRequest, tokenizer: Any, vocab_size: int) -> list[int]:
+def encode_completion(
+    request: CompletionRequest, tokenizer: Any, vocab_size: int, parse_special: bool, limit: int | None
+) -> list[int]:
+    """A completion's prompt ids: its text as the server's ``parse_special`` says, or its ids.
+    ``PromptTooLong`` when the text cannot fit in ``limit`` tokens, found before tokenizing."""
     if isinstance(request.prompt, str):
-        return tokenizer.encode(request.prompt)
+        return encode_raw(tokenizer, request.prompt, parse_special, limit)
     ids = cast(list[int], request.prompt)  # the request's validator made a list of one text its text
     if max(ids) >= vocab_size:
         raise invalid(f"token id {max(ids)} is outside the vocabulary (size {vocab_size})", param="prompt")
@@ -41,19 +46,36 @@ def _fallback_chat(messages: list[dict[str, str]]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
-def encode_chat(request: ChatCompletionRequest, tokenizer: Any) -> list[int]:
+def encode_chat(request: ChatCompletionRequest, tokenizer: Any, limit: int | None = None) -> list[int]:
+    """A conversation's ids through the model's chat template; the messages are text (no
+    string in them becomes a control token), only the template writes markup.
+    ``PromptTooLong`` when it cannot fit in ``limit`` tokens, found before tokenizing."""
     from jinja2 import TemplateError
 
     # Older templates know no "developer" role; it is OpenAI's new name for "system".
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in request.messages]
     if not getattr(tokenizer, "chat_template", None):
-        return tokenizer.encode(_fallback_chat(messages))
+        return list(tokenizer.encode(_fallback_chat(messages), parse_special=False))
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except TemplateError as exc:
+        return encode_messages(tokenizer, messages, limit)
+    except PromptTooLong:
+        raise
+    except (TemplateError, PromptError) as exc:
         raise invalid(f"the model's chat template rejected the messages: {exc}", param="messages") from exc
-    # The template already wrote any special tokens (e.g. BOS) into the text.
-    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def context_exceeded(request: GenerationRequest, message: str) -> APIError:
+    """The 400 for a request that cannot fit the model's context."""
+    param = "messages" if isinstance(request, ChatCompletionRequest) else "prompt"
+    return APIError(400, message, param=param, code="context_length_exceeded")
+
+
+def prompt_bytes(request: GenerationRequest) -> int:
+    """The UTF-8 size of the text a request asks to tokenize (0 for token ids)."""
+    if isinstance(request, ChatCompletionRequest):
+        return sum(len(m.text.encode("utf-8")) for m in request.messages)
+    prompt = getattr(request, "prompt", None)
+    return len(prompt.encode("utf-8")) if isinstance(prompt, str) else 0
 
 
 def _validated(cls: type[BaseModel], data: dict[str, Any], prefix: tuple[str, ...]) -> Any:
@@ -76,12 +98,10 @@ def plan(
         room = context_limit - len(prompt)
         if room < 1 or (max_new is not None and max_new > room):
             asked = max_new if max_new is not None else 1
-            raise APIError(
-                400,
+            raise context_exceeded(
+                request,
                 f"this model's maximum context length is {context_limit} tokens, but the request needs "
                 f"{len(prompt) + asked} ({len(prompt)} in the prompt, {asked} for the completion)",
-                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
-                code="context_length_exceeded",
             )
         if max_new is None:
             max_new = min(defaults.max_new_tokens, room)

@@ -17,10 +17,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from draftwise.chat import PromptError
+from draftwise.chat import PromptError, split_markup
 
-# llama_token_attr bits (llama.h): tokens that are markup rather than text.
+# llama_token_attr bits (llama.h). Control and unknown tokens are markup: written in text,
+# they are read as such only when special tokens are parsed. User-defined tokens are words
+# the vocabulary added: llama.cpp reads them out of any text.
+_UNKNOWN = 1 << 0
 _CONTROL = 1 << 3
+_USER_DEFINED = 1 << 4
+_LSTRIP = 1 << 7  # the token eats the white space before it
+_RSTRIP = 1 << 8  # ... and after it
+_WHITESPACE = " \t\n\v\f\r"  # C's isspace, as llama.cpp strips
 
 
 class ChatTemplateRenderError(PromptError):
@@ -72,6 +79,15 @@ class GGUFTokenizer:
         self.pad_token_id = _token_or_none(api.llama_vocab_pad(vocab))
         # Every end-of-generation token (EOS, end of turn, ...), as llama.cpp's own loop stops on.
         self.end_of_generation = tuple(t for t in range(self.size) if api.llama_vocab_is_eog(vocab, t))
+        self._attrs = {t: a for t in range(self.size) if (a := int(api.llama_vocab_get_attr(vocab, t))) & ~0b100}
+        control = {t for t, a in self._attrs.items() if a & (_CONTROL | _UNKNOWN)}
+        words = {t for t, a in self._attrs.items() if a & _USER_DEFINED and t not in control}
+        self.control_tokens: dict[str, int] = {self._text(t): t for t in sorted(control) if self._text(t)}
+        self._words = {self._text(t): t for t in sorted(words) if self._text(t)}
+        self._markup = {**self._words, **self.control_tokens}
+        # What llama_tokenize adds with add_special: a BOS first, an EOS last, for some models.
+        self._bos = [self.bos_token_id] if api.llama_vocab_get_add_bos(vocab) and self.bos_token_id is not None else []
+        self._eos = [self.eos_token_id] if api.llama_vocab_get_add_eos(vocab) and self.eos_token_id is not None else []
 
     def __len__(self) -> int:
         return self.size
@@ -79,13 +95,34 @@ class GGUFTokenizer:
     def _text(self, token: int | None) -> str:
         return "" if token is None else self._api.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; special tokens written in it are recognised."""
+    def encode(self, text: str, add_special_tokens: bool = True, *, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; with ``parse_special``, control tokens written in it are read
+        as such (llama.cpp's ``parse_special``), else they are text.
+
+        The text is cut at markup here, in one linear scan, and llama.cpp tokenizes only the
+        plain pieces between: its own search for special tokens grows with the square of
+        their count. The ids are llama.cpp's own (its tokenizer cuts the text the same way).
+        """
+        pieces = list(split_markup(text, self._markup if parse_special else self._words))
+        _strip_around_markup(pieces, self._attrs)
+        known: dict[str, list[int]] = {}  # each llama_tokenize call has a fixed cost: reuse
+        ids = list(self._bos) if add_special_tokens else []
+        for piece in pieces:
+            if isinstance(piece, int):
+                ids.append(piece)
+            elif piece:
+                if piece not in known:
+                    known[piece] = self._tokenize(piece)
+                ids.extend(known[piece])
+        return ids + self._eos if add_special_tokens else ids
+
+    def _tokenize(self, text: str) -> list[int]:
+        """llama.cpp's ids of ``text``, which holds no markup, with nothing added."""
         data = text.encode("utf-8", "surrogatepass")
         capacity = len(data) + 8
         for _ in range(2):
             buffer = (ctypes.c_int32 * capacity)()
-            n = self._api.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special_tokens, True)
+            n = self._api.llama_tokenize(self._vocab, data, len(data), buffer, capacity, False, False)
             if n >= 0:
                 return list(buffer[:n])
             capacity = -n
@@ -127,6 +164,19 @@ class GGUFTokenizer:
 
     def is_control(self, token: int) -> bool:
         return bool(self._api.llama_vocab_get_attr(self._vocab, token) & _CONTROL)
+
+
+def _strip_around_markup(pieces: list[str | int], attrs: dict[int, int]) -> None:
+    """Strip the white space that markup tokens with llama.cpp's lstrip / rstrip attribute eat
+    from the text pieces beside them (in place; a piece may become empty)."""
+    for i, piece in enumerate(pieces):
+        if not isinstance(piece, int):
+            continue
+        attr = attrs.get(piece, 0)
+        if attr & _LSTRIP and i > 0 and isinstance(pieces[i - 1], str):
+            pieces[i - 1] = str(pieces[i - 1]).rstrip(_WHITESPACE)
+        if attr & _RSTRIP and i + 1 < len(pieces) and isinstance(pieces[i + 1], str):
+            pieces[i + 1] = str(pieces[i + 1]).lstrip(_WHITESPACE)
 
 
 def _token_or_none(token: int) -> int | None:

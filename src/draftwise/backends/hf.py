@@ -7,6 +7,7 @@ on a machine with a CUDA device (``device="cuda"``) they run there.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -44,9 +45,19 @@ class HFTokenizer:
     def __len__(self) -> int:
         return len(self.hf)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    @functools.cached_property
+    def control_tokens(self) -> dict[str, int]:
+        """The special added tokens (``<|im_start|>``, EOS...); added tokens that are not
+        special are words of the vocabulary, read out of any text."""
         with self._lock:
-            return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+            added = dict(self.hf.added_tokens_decoder)
+        return {token.content: index for index, token in sorted(added.items()) if token.special and token.content}
+
+    def encode(self, text: str, add_special_tokens: bool = True, *, parse_special: bool = True) -> list[int]:
+        with self._lock:
+            return list(
+                self.hf.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=not parse_special)
+            )
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         with self._lock:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from draftwise.backends.hf import HFModel
+from draftwise.backends.hf import HFModel, HFTokenizer
 
 EOS = "<|eos|>"
 
 
-def tiny_tokenizer():
+def tiny_tokenizer() -> HFTokenizer:
     """A byte-level tokenizer with no merges: every byte is a token, plus EOS (id 256)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -25,7 +25,7 @@ def tiny_tokenizer():
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS)
+    return HFTokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS))
 
 
 def tiny_lm(seed: int = 0, layers: int = 2, hidden: int = 64, init_scale: float = 0.15) -> HFModel:

@@ -23,7 +23,7 @@ from draftwise.bench.dataset import Prompt, load_prompts
 from draftwise.bench.methods import Method, Trace, build_methods
 from draftwise.bench.report import node_info
 from draftwise.bench.store import Record, ResultStore, record_key
-from draftwise.chat import encode_messages
+from draftwise.chat import encode_messages, encode_raw
 from draftwise.config import GenerationConfig
 from draftwise.costs import calibrate
 from draftwise.lm import LanguageModel
@@ -52,7 +52,7 @@ class PromptBuilder:
                     messages.append({"role": "assistant", "content": answers[i]})
             return encode_messages(self.tokenizer, messages)
         parts = [x for pair in zip(turns, [*answers, ""]) for x in pair if x]
-        return list(self.tokenizer.encode("\n\n".join(parts)))
+        return encode_raw(self.tokenizer, "\n\n".join(parts), parse_special=False)  # prompts are text
 
 
 def sampling_seed(base: int | None, prompt_id: str, turn: int) -> int | None:

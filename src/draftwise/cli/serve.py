@@ -56,6 +56,7 @@ def serve(
     model_name: str | None = field_option(ServerSettings, "model_name"),
     api_key: str | None = field_option(ServerSettings, "api_key", envvar=API_KEY_ENV, show_default=False),
     max_body_bytes: int = field_option(ServerSettings, "max_body_bytes"),
+    parse_special: bool = field_option(ServerSettings, "parse_special"),
     models: ModelOptions = ModelOptions(),
     models_given: dict | None = None,
     ray: ServeScale | None = None,
@@ -80,6 +81,7 @@ def serve(
         models=models,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
+        parse_special=parse_special,
         ray=ray,
         generation=generation,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -115,7 +115,14 @@ class RemoteTarget:
         self._session = opened.session_id
         self._server_context = list(request.prompt)
 
-    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+    def start(
+        self,
+        prompt: Sequence[int],
+        config: GenerationConfig,
+        generator: torch.Generator | None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
+        # The prefill is one request to the server: ``cancelled`` is asked after it, by the engine.
         # The server seeds its own target stream from config.sampling.seed exactly as the
         # local engine seeds the generator it passes here, so that object is not needed.
         self._sampling = config.sampling
