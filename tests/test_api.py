@@ -240,6 +240,45 @@ def test_models_health_docs(server, client):
     assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"} <= set(paths)
 
 
+def test_metrics_name_each_endpoint_by_its_route(tiny_target):
+    """A request counts for the route that takes it, by its path template: a model id is not
+    an endpoint, and a body refused before routing still counts for its route."""
+    for url in _serve(tiny_target, max_body_bytes=1024):
+        assert httpx.get(f"{url}/v1/models/{MODEL}").status_code == 200
+        assert httpx.get(f"{url}/v1/models/gpt-4").status_code == 404
+        assert httpx.get(f"{url}/v1/models").status_code == 200
+        assert httpx.get(f"{url}/v1/nowhere").status_code == 404
+        assert httpx.get(f"{url}/v1/completions").status_code == 405
+        assert httpx.post(f"{url}/v1/completions", json={"prompt": "x" * 2048}).status_code == 413
+        counted = {
+            labels: value for (name, labels), value in _metrics(url).items() if name == "draftwise_requests_total"
+        }
+        assert counted == {
+            (("code", "200"), ("endpoint", "/v1/models/{model}")): 1,
+            (("code", "404"), ("endpoint", "/v1/models/{model}")): 1,
+            (("code", "200"), ("endpoint", "/v1/models")): 1,
+            (("code", "404"), ("endpoint", "other")): 1,
+            (("code", "405"), ("endpoint", "/v1/completions")): 1,
+            (("code", "413"), ("endpoint", "/v1/completions")): 1,
+        }
+
+
+def test_a_full_queue_says_how_many_wait():
+    """Two workers and a queue of 8 hold 10 requests, whether or not they have reached a worker
+    yet (here none has): the refusal counts the 8 in the queue, not all 10."""
+    from draftwise.api.monitoring import ServerMetrics
+    from draftwise.api.pool import QueueFull, WorkerPool
+
+    pool = WorkerPool([object(), object()], queue_size=8, timeout=10, metrics=ServerMetrics())
+    try:
+        for _ in range(10):
+            pool.admit()
+        with pytest.raises(QueueFull, match="^all 2 workers are busy and 8 requests are waiting$"):
+            pool.admit()
+    finally:
+        pool.close()
+
+
 def test_metrics_counters_move(tiny_target, tiny_near_draft):
     for url in _serve(tiny_target, tiny_near_draft):
         client = _client(url)

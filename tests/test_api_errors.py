@@ -47,6 +47,28 @@ def _error(response: httpx.Response, status: int) -> dict:
         ("/v1/completions", {**OK, "top_p": 0}, "top_p", "greater than 0"),
         ("/v1/completions", {**OK, "seed": -1}, "seed", "greater than or equal to 0"),
         ("/v1/completions", {**OK, "n": 2}, "n", "1"),
+        # Numbers are JSON numbers, as OpenAI takes them: no strings, no booleans.
+        ("/v1/completions", {**OK, "max_tokens": "8"}, "max_tokens", "valid integer"),
+        ("/v1/completions", {**OK, "max_tokens": True}, "max_tokens", "valid integer"),
+        ("/v1/completions", {**OK, "max_tokens": 8.0}, "max_tokens", "valid integer"),
+        ("/v1/completions", {**OK, "seed": "7"}, "seed", "valid integer"),
+        ("/v1/completions", {**OK, "seed": True}, "seed", "valid integer"),
+        ("/v1/completions", {**OK, "temperature": "0.5"}, "temperature", "valid number"),
+        ("/v1/completions", {**OK, "temperature": True}, "temperature", "valid number"),
+        ("/v1/completions", {**OK, "top_p": True}, "top_p", "valid number"),
+        ("/v1/completions", {**OK, "presence_penalty": False}, "presence_penalty", "valid number"),
+        ("/v1/completions", {**OK, "n": True}, "n", "should be 1"),
+        ("/v1/completions", {**OK, "prompt": [True, False]}, "prompt", "integers, not booleans"),
+        ("/v1/completions", {**OK, "prompt": [1, "a"]}, "prompt", "token ids"),
+        ("/v1/completions", {**OK, "speculative": {"k": True}}, "speculative.k", "valid integer"),
+        ("/v1/completions", {**OK, "speculative": {"k": "3"}}, "speculative.k", "valid integer"),
+        (
+            "/v1/completions",
+            {**OK, "speculative": {"confidence_threshold": True}},
+            "speculative.confidence_threshold",
+            "valid number",
+        ),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": "8"}, "max_completion_tokens", "valid integer"),
         ("/v1/completions", {**OK, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ("/v1/completions", {**OK, "stop": [""]}, "stop", "empty"),
         ("/v1/completions", {**OK, "frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
@@ -86,6 +108,28 @@ def test_bad_input_is_a_400_that_says_why(url, path, body, param, says):
     assert error["param"] == param
     assert says in error["message"]
     assert error["type"] == "invalid_request_error"
+
+
+def test_an_integer_is_a_valid_float(url):
+    spec = {"drafter": "ngram", "confidence_threshold": 1}
+    body = {**OK, "temperature": 1, "top_p": 1, "presence_penalty": 0, "seed": 3, "speculative": spec}
+    response = httpx.post(f"{url}/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"{", "the body is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+        (b'{"model": "tiny:0",\n  "prompt": oops}', "the body is not valid JSON: Expecting value at line 2 column 13"),
+    ],
+)
+def test_malformed_json_is_a_400_that_says_where(url, body, says):
+    response = httpx.post(f"{url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    error = _error(response, 400)
+    assert error["message"] == says
+    assert error["param"] is None and error["type"] == "invalid_request_error"
 
 
 def test_malformed_json_and_unknown_model_and_route(url):

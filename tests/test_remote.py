@@ -249,6 +249,14 @@ def test_limits(target_lm):
         assert _verify(http, session, tokens=(5,), keep=10, q=narrow).status_code == 200
 
 
+def test_malformed_json_is_a_400_that_says_where(http):
+    response = http.post("/v1/sessions", content=b"{", headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json() == {
+        "detail": "the body is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"
+    }
+
+
 def _bad_requests(http: httpx.Client, session: str, vocab: int):
     def raw(body: bytes, sid: str = session):
         return http.post(f"/v1/sessions/{sid}/verify", content=body)

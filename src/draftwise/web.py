@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, SecretStr
 from starlette.responses import Response
@@ -55,6 +56,25 @@ class BodyLimit:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def malformed_json(exc: RequestValidationError) -> str | None:
+    """What is wrong with a body that is not JSON, in words; None if the body parsed.
+
+    FastAPI reports it as a validation error located at ``("body", offset)``, which read as a
+    field would be ``1: JSON decode error``; the offset becomes a line and column here, as
+    ``json`` itself counts them.
+    """
+    errors = exc.errors()
+    if len(errors) != 1 or errors[0].get("type") != "json_invalid":
+        return None
+    error = errors[0]
+    offset = error["loc"][-1] if isinstance(error["loc"][-1], int) else 0
+    text = exc.body if isinstance(exc.body, str) else ""
+    line = text.count("\n", 0, offset) + 1
+    column = offset - text.rfind("\n", 0, offset)
+    problem = error.get("ctx", {}).get("error", "cannot be parsed")
+    return f"the body is not valid JSON: {problem} at line {line} column {column}"
 
 
 def bearer_guard(

@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
+from starlette.routing import Match
 
 from draftwise.api import schemas as s
 from draftwise.api.errors import APIError, install_handlers
@@ -215,12 +216,14 @@ async def _close_on_disconnect(http: Request, job: Job) -> None:
 
 
 class _CountRequests:
-    """ASGI middleware counting requests by endpoint and status (streams included)."""
+    """ASGI middleware counting requests by endpoint and status (streams included). The
+    endpoint is the path template of the route that takes the request (``/v1/models/{model}``
+    whatever the id), ``other`` where none does."""
 
-    def __init__(self, app: Any, metrics: ServerMetrics, endpoints: Callable[[], set[str]]) -> None:
+    def __init__(self, app: Any, metrics: ServerMetrics, routes: Callable[[], Sequence[Any]]) -> None:
         self.app = app
         self.metrics = metrics
-        self.endpoints = endpoints
+        self.routes = routes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -237,8 +240,20 @@ class _CountRequests:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            path = scope.get("path", "")
-            self.metrics.requests.labels(path if path in self.endpoints() else "other", str(status)).inc()
+            self.metrics.requests.labels(self._endpoint(scope), str(status)).inc()
+
+    def _endpoint(self, scope: Any) -> str:
+        # Matched here rather than read from scope["route"]: a request refused before routing
+        # (an oversize body) still counts for its route. As the router does: a full match
+        # first, else the route that only lacks the method (a 405).
+        partial = None
+        for route in self.routes():
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return str(route.path_format)
+            if match is Match.PARTIAL and partial is None:
+                partial = str(route.path_format)
+        return partial or "other"
 
 
 class _Service:
@@ -516,7 +531,7 @@ def _install_middleware(app: FastAPI, settings: ServerSettings, metrics: ServerM
             401, message, type="authentication_error", code="invalid_api_key", headers=headers
         ),
     )
-    app.add_middleware(_CountRequests, metrics=metrics, endpoints=lambda: {route.path for route in app.routes})  # type: ignore[attr-defined]
+    app.add_middleware(_CountRequests, metrics=metrics, routes=lambda: app.routes)
     # Open without a key: /health and /metrics (probes, scrapers) and the API's description
     # (/docs, /redoc, /openapi.json), which holds nothing the source does not.
     return [Depends(authorize)]

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftwise.api.schemas import ErrorBody, ErrorResponse
 from draftwise.errors import DraftwiseError, field_path, validation_message
+from draftwise.web import malformed_json
 
 
 class APIError(DraftwiseError):
@@ -60,7 +61,8 @@ def install_handlers(app: FastAPI) -> None:
 
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI answers 422 by default; OpenAI answers 400 for a malformed request.
-        return validation_error(list(exc.errors())).response()
+        broken = malformed_json(exc)  # not JSON at all: no field to name
+        return (invalid(broken) if broken is not None else validation_error(list(exc.errors()))).response()
 
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"

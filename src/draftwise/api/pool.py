@@ -130,7 +130,10 @@ class WorkerPool:
         """Take a place for a new request, or raise ``QueueFull``."""
         if len(self._jobs) >= self.size + self.queue_size:
             self.metrics.rejected.inc()
-            raise QueueFull(f"all {self.size} workers are busy and {self.waiting} requests are waiting")
+            # Admitted jobs beyond one per worker wait; ``waiting`` would count too many while a
+            # freed worker is on its way to the next job (``running`` not yet raised).
+            waiting = len(self._jobs) - self.size
+            raise QueueFull(f"all {self.size} workers are busy and {waiting} requests are waiting")
         job = Job(self, time.perf_counter())
         self._jobs.add(job)
         self._update_gauges()

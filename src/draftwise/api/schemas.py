@@ -8,12 +8,22 @@ the provenance switch.
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, field_validator, model_serializer
 
 from draftwise.chat import encodable
 from draftwise.config import DraftConfig, DrafterName
+
+# Numbers as OpenAI takes them: a JSON number, never a string ("8") or a boolean (true), which
+# pydantic's lax mode would turn into 8 and 1. A strict float still takes an integer (temperature: 1).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+
+
+def _strict(annotation: Any) -> Any:
+    """``annotation`` with strict numbers, if it is a number (else unchanged)."""
+    return {int: Int, float: Float}.get(annotation, annotation)
 
 
 class _Request(BaseModel):
@@ -33,7 +43,7 @@ class _SpeculativeBase(_Request):
 
 # Every DraftConfig knob, optional here: what a request leaves out comes from the server's defaults.
 _OPTIONAL_KNOBS: dict[str, Any] = {
-    name: (cast(Any, field.annotation) | None, Field(None, description=field.description))
+    name: (_strict(field.annotation) | None, Field(None, description=field.description))
     for name, field in DraftConfig.model_fields.items()
 }
 SpeculativeOptions = create_model(
@@ -50,17 +60,17 @@ class StreamOptions(_Request):
 
 class GenerationRequest(_Request):
     model: str = Field(..., description="the served model id (see GET /v1/models)")
-    max_tokens: int | None = Field(None, ge=1, description="tokens to generate at most; None = server default")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass to keep")
+    max_tokens: Int | None = Field(None, ge=1, description="tokens to generate at most; None = server default")
+    temperature: Float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: Float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass to keep")
     stop: str | list[str] | None = Field(None, description="up to 4 strings; the output ends before the first one")
     # torch generators take 64-bit seeds, and the engine also seeds the drafter with seed + 1.
-    seed: int | None = Field(None, ge=0, le=2**63 - 2, description="seed for reproducible sampling")
+    seed: Int | None = Field(None, ge=0, le=2**63 - 2, description="seed for reproducible sampling")
     n: Literal[1] = Field(1, description="only one choice per request is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, description="only 0 is supported")
-    frequency_penalty: float = Field(0.0, description="only 0 is supported")
+    presence_penalty: Float = Field(0.0, description="only 0 is supported")
+    frequency_penalty: Float = Field(0.0, description="only 0 is supported")
     user: str | None = Field(None, description="ignored")
     logprobs: bool | int | None = Field(None, description="not supported: leave out, null, false or 0")
     speculative: SpeculativeOptions | None = None
@@ -76,6 +86,14 @@ class GenerationRequest(_Request):
         for stop in stops:
             encodable(stop)
         return stops
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _check_n(cls, value: Any) -> Any:
+        # A Literal takes anything equal to 1 (true, 1.0); n is an integer.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("Input should be 1")
+        return value
 
     @field_validator("logprobs")
     @classmethod
@@ -97,9 +115,19 @@ class GenerationRequest(_Request):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str | list[int] | list[str] = Field(
+    prompt: str | list[Int] | list[str] = Field(
         ..., description="the prompt text, or its token ids (a list of one text is accepted too)"
     )
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt_list(cls, value: Any) -> Any:
+        # Said once here: the union would complain about every element against every member.
+        if isinstance(value, list):
+            ids = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            if not ids and not all(isinstance(v, str) for v in value):
+                raise ValueError("a list prompt holds token ids (integers, not booleans) or one text")
+        return value
 
     @field_validator("prompt")
     @classmethod
@@ -142,7 +170,7 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(..., min_length=1, description="the conversation so far")
-    max_completion_tokens: int | None = Field(None, ge=1, description="newer name of max_tokens; wins over it")
+    max_completion_tokens: Int | None = Field(None, ge=1, description="newer name of max_tokens; wins over it")
 
     @property
     def max_new_tokens(self) -> int | None:

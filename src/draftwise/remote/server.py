@@ -49,7 +49,7 @@ from draftwise.remote.protocol import (
 )
 from draftwise.remote.settings import VerifierSettings
 from draftwise.target import LocalTarget
-from draftwise.web import BodyLimit, bearer_guard, drop_framework_422, error_responses
+from draftwise.web import BodyLimit, bearer_guard, drop_framework_422, error_responses, malformed_json
 
 # q rows are probabilities computed in float32 by the drafter: their sum may exceed 1 by
 # round-off, never by more than this.
@@ -282,7 +282,7 @@ _UNKNOWN = {404: "unknown session (closed, expired or evicted): open a new one"}
 _OPEN_ERRORS = {
     **_AUTH,
     **_BODY,
-    400: "the body is not JSON text (not UTF-8)",
+    400: "the body is not JSON text (malformed, or not UTF-8)",
     422: "invalid session settings or prompt (the message names the field), or a prompt that "
     "leaves no room under max_context",
 }
@@ -305,6 +305,9 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        broken = malformed_json(exc)  # not JSON at all (400, as for a body that is not UTF-8)
+        if broken is not None:
+            return _error(400, broken)
         return _error(422, validation_message(list(exc.errors()), every=True))
 
     @app.exception_handler(StarletteHTTPException)
