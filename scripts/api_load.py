@@ -111,7 +111,7 @@ def server(args: argparse.Namespace) -> Iterator[str]:
         target=args.target,
         draft=args.draft,
         drafter=args.drafter,
-        workers=args.workers,
+        slots=args.workers,
         queue_size=max(args.concurrency),
         models=ModelOptions(threads=args.threads),
         request_timeout=3600,

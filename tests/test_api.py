@@ -61,7 +61,7 @@ def _wait_for(condition, timeout: float = 20.0) -> None:
 @pytest.fixture(scope="module")
 def server(tiny_target, tiny_near_draft) -> Iterator[str]:
     """Two workers, a draft model and room for a few waiting requests."""
-    yield from _serve(tiny_target, tiny_near_draft, workers=2, queue_size=8)
+    yield from _serve(tiny_target, tiny_near_draft, slots=2, queue_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +234,7 @@ def test_models_health_docs(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
     health = httpx.get(f"{server}/health").json()
-    assert health["status"] == "ok" and health["workers"] == 2
+    assert health["status"] == "ok" and health["slots"] == 2
     assert httpx.get(f"{server}/docs").status_code == 200
     paths = httpx.get(f"{server}/openapi.json").json()["paths"]
     assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"} <= set(paths)
@@ -273,7 +273,7 @@ def test_a_full_queue_says_how_many_wait():
     try:
         for _ in range(10):
             pool.admit()
-        with pytest.raises(QueueFull, match="^all 2 workers are busy and 8 requests are waiting$"):
+        with pytest.raises(QueueFull, match="^all 2 slots are busy and 8 requests are waiting$"):
             pool.admit()
     finally:
         pool.close()
@@ -316,7 +316,7 @@ def test_metrics_counters_move(tiny_target, tiny_near_draft):
 def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
     """One worker, one waiting place: the third request is refused; closing the streams
     stops their generations early, which /metrics shows."""
-    for url in _serve(tiny_target, workers=1, queue_size=1, retry_after=3):
+    for url in _serve(tiny_target, slots=1, queue_size=1, retry_after=3):
         client = _client(url)
         long = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "temperature": 0, "stream": True}
         running = client.completions.create(**long)

@@ -20,14 +20,24 @@ def test_serve_defaults_follow_the_registry():
 def test_serve_help_lists_the_settings():
     result = CliRunner().invoke(build_app(), ["serve", "--help"])
     assert result.exit_code == 0
-    for flag in ("--target", "--draft", "--drafter", "--workers", "--queue-size", "--timeout", "--max-tokens"):
+    for flag in (
+        "--target",
+        "--draft",
+        "--drafter",
+        "--slots",
+        "--workers",
+        "--queue-size",
+        "--timeout",
+        "--max-tokens",
+    ):
         assert flag in result.output
 
 
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [
-        (["--target", "tiny:0", "--workers", "0"], 2, "workers"),
+        (["--target", "tiny:0", "--slots", "0"], 2, "slots"),
+        (["--target", "tiny:0", "--workers", "0"], 2, "slots"),  # the old name of --slots
         (["--target", "tiny:0", "--drafter", "model"], 2, "needs a draft model"),
         (["--target", "tiny:0", "--drafter", "magic"], 2, "drafter"),
         (["--target", "/nonexistent/model.gguf", "--drafter", "ngram"], 2, "no such file"),

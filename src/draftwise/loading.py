@@ -84,36 +84,39 @@ def choose_backend(location: Path | str, backend: str, log: Log) -> str:
 
 
 def load_lm(
-    source: str, options: ModelOptions | None = None, *, draft: bool = False, log: Log | None = None
+    source: str, options: ModelOptions | None = None, *, draft: bool = False, log: Log | None = None, slots: int = 1
 ) -> LanguageModel:
     """Load ``source`` as a ``LanguageModel`` with its tokenizer (``draft`` applies the
-    options meant for a draft model)."""
+    options meant for a draft model). On llama.cpp, the model and ``slots - 1`` of its forks
+    share one context, where their forward passes are batched (the hf backend runs each
+    sequence on its own)."""
     options = options or ModelOptions()
     log = log or (lambda message: None)
     location = resolve(source)
     if choose_backend(location, options.backend, log) == "llamacpp":
         from draftwise.backends.llamacpp import load_llamacpp
 
-        return load_llamacpp(source, Path(location), options, draft=draft, log=log)
+        return load_llamacpp(source, Path(location), options, draft=draft, log=log, slots=slots)
     from draftwise.backends.hf_loading import load_hf
 
     return load_hf(source, location, options, draft=draft, log=log)
 
 
 def load_pair(
-    target: str, draft: str | None, options: ModelOptions | None = None, *, log: Log | None = None
+    target: str, draft: str | None, options: ModelOptions | None = None, *, log: Log | None = None, slots: int = 1
 ) -> tuple[LanguageModel, LanguageModel | None]:
     """Load the target and (unless ``draft`` is None) the draft model, and check that the
     draft speaks the target's tokenizer.
 
     A draft named like the target is a fork of it: the same weights with a cache of its own,
     a draft that is always right (a check of the loop, and a way to measure its overhead).
+    ``slots``: see ``load_lm``.
     """
     options = options or ModelOptions()
-    target_lm = load_lm(target, options, log=log)
+    target_lm = load_lm(target, options, log=log, slots=slots)
     if draft is None:
         return target_lm, None
-    draft_lm = target_lm.fork() if draft == target else load_lm(draft, options, draft=True, log=log)
+    draft_lm = target_lm.fork() if draft == target else load_lm(draft, options, draft=True, log=log, slots=slots)
     if target_lm.tokenizer is not None and draft_lm.tokenizer is not None:
         check_compatible(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
     return target_lm, draft_lm

@@ -439,13 +439,13 @@ def _add_status_routes(app: FastAPI, service: _Service) -> None:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """Liveness and load: workers busy, requests waiting."""
+        """Liveness and load: slots busy, requests waiting."""
         return {
             "status": "ok",
             "model": settings.served_model,
             "draft": settings.draft,
             "drafter": settings.default_drafter,
-            "workers": pool.size,
+            "slots": pool.size,
             "active": pool.running,
             "queued": pool.waiting,
             "queue_size": pool.queue_size,
@@ -465,15 +465,17 @@ def create_app(
 ) -> FastAPI:
     """Build the server. Models are loaded from ``settings`` unless given; given models are
     only read (each worker forks them: shared weights, KV caches of its own). Models loaded
-    here also get their costs measured for the cost policy (``draftwise.costs``). ``log``
+    here have ``settings.slots`` slots (on llama.cpp: one context whose slots' passes are
+    batched), one per worker, and get their costs measured for the cost policy
+    (``draftwise.costs``). ``log``
     receives the loader's one-line notes (backend and dtype choice, first-time conversions)."""
     from draftwise import __version__
 
+    loaded_here = target is None
     target, draft, profile = _models(settings, target, draft, log)
     metrics = ServerMetrics()
-    pool = WorkerPool(
-        build_workers(target, draft, settings.workers, profile), settings.queue_size, settings.request_timeout, metrics
-    )
+    workers = build_workers(target, draft, settings.slots, profile, own=loaded_here)
+    pool = WorkerPool(workers, settings.queue_size, settings.request_timeout, metrics)
     service = _Service(settings, target, draft is not None, pool, metrics)
 
     @asynccontextmanager
@@ -512,7 +514,7 @@ def _models(
 
     profile = None
     if target is None:
-        target, draft = load_pair(settings.target, settings.draft, settings.models, log=log)
+        target, draft = load_pair(settings.target, settings.draft, settings.models, log=log, slots=settings.slots)
         if settings.generation.draft.k_policy == "cost":
             profile = calibrate(target, draft, settings.generation.draft.k_max, log)
     if target.tokenizer is None:

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig
@@ -68,17 +68,28 @@ class Worker:
 
 
 def build_workers(
-    target: LanguageModel, draft: LanguageModel | None, count: int, profile: CostProfile | None = None
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    count: int,
+    profile: CostProfile | None = None,
+    *,
+    own: bool = False,
 ) -> list[Worker]:
     """``count`` workers over the weights of ``target`` and ``draft``: forks, so the given
-    models' own caches stay the caller's. Each starts from its own copy of ``profile``."""
+    models' own caches stay the caller's; with ``own``, the first worker takes the given
+    models themselves (a model loaded with N slots then serves N workers, see ``load_pair``).
+    Each starts from its own copy of ``profile``."""
+
+    def fork(lm: LanguageModel | None, i: int) -> LanguageModel | None:
+        return lm if lm is None or (own and i == 0) else lm.fork()
+
     return [
         Worker(
-            target.fork(),
-            draft.fork() if draft is not None else None,
+            cast(LanguageModel, fork(target, i)),
+            fork(draft, i),
             copy.deepcopy(profile) if profile is not None else CostProfile(),
         )
-        for _ in range(count)
+        for i in range(count)
     ]
 
 
@@ -133,7 +144,7 @@ class WorkerPool:
             # Admitted jobs beyond one per worker wait; ``waiting`` would count too many while a
             # freed worker is on its way to the next job (``running`` not yet raised).
             waiting = len(self._jobs) - self.size
-            raise QueueFull(f"all {self.size} workers are busy and {waiting} requests are waiting")
+            raise QueueFull(f"all {self.size} slots are busy and {waiting} requests are waiting")
         job = Job(self, time.perf_counter())
         self._jobs.add(job)
         self._update_gauges()

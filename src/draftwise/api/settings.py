@@ -30,11 +30,12 @@ class ServerSettings(BaseModel):
     models: ModelOptions = Field(ModelOptions(), description="how the models are loaded and run")
     host: str = Field("127.0.0.1", description="address to bind; loopback unless told otherwise")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
-    workers: int = Field(
+    slots: int = Field(
         1,
         ge=1,
         le=64,
-        description="generations run at once; each worker has its own KV caches over the shared weights",
+        description="generations run at once, each in a slot (a sequence and its KV cache) over the shared weights; "
+        "on llama.cpp the slots share one context and their forward passes are batched into one",
     )
     api_key: SecretStr | None = Field(
         None, description="require 'Authorization: Bearer KEY' on /v1/* (what OpenAI clients send as api_key)"
@@ -57,7 +58,7 @@ class ServerSettings(BaseModel):
     )
     ray: ServeScale | None = Field(
         None,
-        description="run as a Ray Serve deployment of this many replicas (workers, queue and limits are per "
+        description="run as a Ray Serve deployment of this many replicas (slots, queue and limits are per "
         "replica; host and port are Serve's proxy); None = one process on uvicorn",
     )
 

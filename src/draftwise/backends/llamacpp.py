@@ -24,16 +24,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
+from draftwise.backends.llamacpp_batch import ROWS, Batcher
 from draftwise.config import ModelOptions
 from draftwise.errors import ContextLengthError, ModelLoadError
 from draftwise.registry import derived_path
 
-BATCH = 512  # tokens per llama_decode call; a longer prefill runs in pieces
-OUTPUTS_MAX = 64  # score rows per llama_decode call (sizes the context's output buffer)
+BATCH = 512  # tokens per llama_decode call of a single sequence; a longer prefill runs in pieces
 DEFAULT_CONTEXT = 8192  # KV cache positions when the user names none (capped by the model's own)
 _LOG_WARN = 3  # ggml log levels (ggml.h): 3 = warning, 4 = error, 5 = continuation of the previous line
 _LOG_CONT = 5
@@ -106,50 +105,34 @@ class LlamaCppWeights:
         self.n_ctx_train = int(api.llama_model_n_ctx_train(model))
         self.file_type = _file_type_name(api, int(api.llama_model_ftype(model)))
         self.tokenizer = GGUFTokenizer(api, model, self.vocab)
+        # F16 keys and values (llama.cpp's default cache types) of every layer, per position.
+        head = int(api.llama_model_n_embd(model)) // max(1, int(api.llama_model_n_head(model)))
+        self.kv_bytes_per_position = (
+            2 * 2 * int(api.llama_model_n_layer(model)) * int(api.llama_model_n_head_kv(model)) * head
+        )
+
+    def reason(self) -> str:
+        """What llama.cpp last said went wrong (see ``_Library.reason``)."""
+        return library().reason()
 
 
 class LlamaCppModel:
-    """One sequence (a llama.cpp context and its KV cache) over shared ``LlamaCppWeights``."""
+    """One sequence (a slot of a llama.cpp context and its KV cache) over shared
+    ``LlamaCppWeights``. The context may hold other sequences too: their forward passes go
+    into one ``llama_decode`` (``draftwise.backends.llamacpp_batch``)."""
 
     backend = "llamacpp"
 
-    def __init__(self, weights: LlamaCppWeights, n_ctx: int, threads: int) -> None:
-        api = weights.api
-        self.api = api
-        self.weights = weights
-        self.name = weights.name
-        self.tokenizer = weights.tokenizer
+    def __init__(self, batcher: Batcher, seq: int) -> None:
+        self.batcher = batcher
+        self.seq = seq
+        self.weights = batcher.weights
+        self.name = self.weights.name
+        self.tokenizer = self.weights.tokenizer
         self.tokens: list[int] = []
-        self.threads = threads
-        params = api.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = min(BATCH, n_ctx)
-        params.n_seq_max = 1
-        params.n_outputs_max = OUTPUTS_MAX
-        params.n_threads = params.n_threads_batch = threads
-        params.no_perf = True
-        params.swa_full = True  # sliding-window layers keep every position, so any rollback works
-        ctx = api.llama_init_from_model(weights.ptr, params)
-        if not ctx:
-            raise ModelLoadError(
-                f"llama.cpp cannot make a context of {n_ctx} positions for {weights.path.name}: {library().reason()}"
-            )
-        self.ctx = ctx
-        self.n_ctx = int(api.llama_n_ctx(ctx))
-        self._memory = api.llama_get_memory(ctx)
-        size = min(BATCH, n_ctx)
-        batch = api.llama_batch_init(size, 0, 1)
-        # Freed in this order when the sequence goes: the batch, then the context. The
-        # weights stay alive until then (they are an argument of the finalizer).
-        self._free = weakref.finalize(self, _free_context, api, ctx, batch, weights)
-        self._batch = batch
-        for i in range(size):  # one sequence: set once, never changes
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-        self._batch_tokens = np.ctypeslib.as_array(batch.token, shape=(size,))
-        self._batch_pos = np.ctypeslib.as_array(batch.pos, shape=(size,))
-        self._batch_out = np.ctypeslib.as_array(batch.logits, shape=(size,))
-        self._batch_size = size
+        self.threads = batcher.threads
+        self.n_ctx = batcher.n_ctx
+        self._free = weakref.finalize(self, batcher.release, seq)  # the slot goes back with the sequence
 
     @property
     def vocab_size(self) -> int:
@@ -176,27 +159,24 @@ class LlamaCppModel:
         )
 
     def fork(self) -> LlamaCppModel:
-        """A new sequence over the same weights: a context of its own, nothing loaded again."""
-        return LlamaCppModel(self.weights, self.n_ctx, self.threads)
+        """A new sequence over the same weights: a free slot of this context, batched with
+        the others, or else a context of its own; nothing is loaded again."""
+        seq = self.batcher.claim()
+        if seq is not None:
+            return LlamaCppModel(self.batcher, seq)
+        return LlamaCppModel(Batcher(self.weights, self.n_ctx, 1, self.threads), 0)
 
     def reset(self) -> None:
-        self.api.llama_memory_clear(self._memory, True)
-        self.tokens = []
+        self.tokens = []  # the cache is cut at the next pass's start (see Batcher.forward)
 
     def rollback(self, length: int) -> None:
         if length < 0 or length > len(self.tokens):
             raise ValueError(f"cannot roll back a sequence of length {len(self.tokens)} to {length}")
-        if length < len(self.tokens):
-            if not self.api.llama_memory_seq_rm(self._memory, 0, length, -1):
-                raise RuntimeError(f"llama.cpp could not roll {self.name} back to {length} positions")
-            del self.tokens[length:]
+        del self.tokens[length:]
 
     def forward(self, tokens: Sequence[int], last: int | None = None) -> torch.Tensor:
-        """Append ``tokens`` and return float32 scores ``[last or n, V]`` of the final positions.
-
-        The result is a view of llama.cpp's output buffer when one ``llama_decode`` call
-        produced it (the usual case), valid until this sequence's next call.
-        """
+        """Append ``tokens`` and return float32 scores ``[last or n, V]`` of the final positions
+        (a copy: the pass that made them may have served other sequences too)."""
         n = len(tokens)
         if n == 0:
             raise ValueError("forward needs at least one token")
@@ -206,41 +186,9 @@ class LlamaCppModel:
                 "(--context sets it, up to the model's own)"
             )
         want = n if not last else min(last, n)
-        pieces: list[torch.Tensor] = []
-        start = 0
-        done = len(self.tokens)
-        try:
-            while start < n:
-                first_out = max(start, n - want)  # first position of this piece that returns scores
-                end = min(n, start + self._batch_size, max(first_out, start) + OUTPUTS_MAX)
-                rows = self._decode(tokens[start:end], done + start, max(0, end - first_out))
-                if rows is not None:
-                    # The next piece's decode reuses llama.cpp's buffer: keep a copy if one follows.
-                    pieces.append(rows if end == n else rows.clone())
-                start = end
-        except BaseException:
-            self.api.llama_memory_seq_rm(self._memory, 0, done, -1)
-            raise
+        scores = self.batcher.forward(self.seq, list(tokens), len(self.tokens), want)
         self.tokens.extend(int(t) for t in tokens)
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-
-    def _decode(self, tokens: Sequence[int], position: int, outputs: int) -> torch.Tensor | None:
-        """One ``llama_decode``; scores ``[outputs, V]`` of its last ``outputs`` positions."""
-        m = len(tokens)
-        batch = self._batch
-        batch.n_tokens = m
-        self._batch_tokens[:m] = tokens
-        self._batch_pos[:m] = np.arange(position, position + m, dtype=np.int32)
-        self._batch_out[:m] = 0
-        if outputs:
-            self._batch_out[m - outputs : m] = 1
-        status = self.api.llama_decode(self.ctx, batch)
-        if status != 0:
-            raise RuntimeError(f"llama_decode failed ({status}) on {self.name}: {library().reason()}")
-        if not outputs:
-            return None
-        scores = np.ctypeslib.as_array(self.api.llama_get_logits(self.ctx), shape=(outputs, self.weights.n_vocab))
-        return torch.from_numpy(scores)
+        return scores
 
 
 def _file_type_name(api: Any, file_type: int) -> str:
@@ -254,11 +202,6 @@ def _file_type_name(api: Any, file_type: int) -> str:
     return (
         name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_") if name else f"type {file_type}"
     )
-
-
-def _free_context(api: Any, ctx: Any, batch: Any, weights: LlamaCppWeights) -> None:
-    api.llama_batch_free(batch)
-    api.llama_free(ctx)
 
 
 def default_threads() -> int:
@@ -300,10 +243,18 @@ def requantized(path: Path, quant: str, threads: int, log: Callable[[str], None]
 
 
 def load_llamacpp(
-    source: str, path: Path, options: ModelOptions, *, draft: bool = False, log: Callable[[str], None] | None = None
+    source: str,
+    path: Path,
+    options: ModelOptions,
+    *,
+    draft: bool = False,
+    log: Callable[[str], None] | None = None,
+    slots: int = 1,
 ) -> LlamaCppModel:
     """Load the GGUF file ``path`` (named ``source`` by the user) on llama.cpp; a draft is
-    requantized first as ``options.draft_quant`` says."""
+    requantized first as ``options.draft_quant`` says. The model's context holds ``slots``
+    sequences of ``options.context`` positions each: this one and ``slots - 1`` forks, whose
+    forward passes are batched together."""
     log = log or (lambda message: None)
     threads = options.threads or default_threads()
     if draft and options.draft_quant != "none":
@@ -312,4 +263,33 @@ def load_llamacpp(
     n_ctx = options.context or min(weights.n_ctx_train or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
     if weights.n_ctx_train and n_ctx > weights.n_ctx_train:
         raise ModelLoadError(f"--context {n_ctx} is over {path.name}'s own context of {weights.n_ctx_train} positions")
-    return LlamaCppModel(weights, n_ctx, threads)
+    check_kv_memory(weights, n_ctx, slots)
+    batcher = Batcher(weights, n_ctx, slots, threads, BATCH if slots == 1 else ROWS)
+    seq = batcher.claim()
+    assert seq is not None  # a new batcher has every slot free
+    return LlamaCppModel(batcher, seq)
+
+
+def check_kv_memory(weights: LlamaCppWeights, n_ctx: int, slots: int) -> None:
+    """Refuse a context whose KV cache cannot fit in the memory this machine has available."""
+    need = weights.kv_bytes_per_position * n_ctx * slots
+    available = _available_memory()
+    if available is not None and need > available:
+        per_slot = weights.kv_bytes_per_position * n_ctx
+        raise ModelLoadError(
+            f"{slots} slot(s) of {n_ctx} positions need {need / 2**30:.1f} GiB of KV cache for {weights.path.name} "
+            f"({per_slot / 2**20:.0f} MiB per slot), and {available / 2**30:.1f} GiB is available: "
+            "use fewer slots or a smaller --context"
+        )
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -20,7 +20,7 @@ from draftwise.cluster.fleet import FleetReplica, Report, deployment_options, re
 from draftwise.cluster.settings import ServeScale
 
 APP = "draftwise"
-# A replica is sent this many requests beyond its workers and queue, so that an overfull replica
+# A replica is sent this many requests beyond its slots and queue, so that an overfull replica
 # answers with its own 429 (and Retry-After) rather than Ray queueing the request unseen; it also
 # leaves room for /health and /metrics.
 OVERFLOW = 4
@@ -70,7 +70,11 @@ class ApiReplica(FleetReplica):
 
         super().__init__()
         self.settings = settings
-        self.target, self.draft = load_pair(settings.target, settings.draft, settings.models, log=replica_log)
+        # One slot more than the app's workers: these models stay the replica's own, and each
+        # worker forks one of the other slots.
+        self.target, self.draft = load_pair(
+            settings.target, settings.draft, settings.models, log=replica_log, slots=settings.slots + 1
+        )
         self.registry: Any = None
 
     def build(self) -> Any:
@@ -96,7 +100,7 @@ class ApiReplica(FleetReplica):
 
 def api_options(settings: ServerSettings, scale: ServeScale) -> dict[str, Any]:
     # Autoscaling aims at every worker busy and nothing queued.
-    return deployment_options(scale, settings.workers + settings.queue_size + OVERFLOW, settings.workers)
+    return deployment_options(scale, settings.slots + settings.queue_size + OVERFLOW, settings.slots)
 
 
 def serve_on_ray(settings: ServerSettings, log: Callable[[str], None]) -> None:

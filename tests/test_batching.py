@@ -1,0 +1,164 @@
+"""Many sequences, one pass: the llama.cpp backend batches the forward passes of every
+sequence of a context (``draftwise.backends.llamacpp_batch``), on the real SmolLM2 GGUF.
+
+Closed-form cases of the pass planner first, then slots and rollback, then concurrent
+streams against the same requests run alone: the same tokens, or a first difference where
+the target's top two tokens are nearly tied (rows batched with other sequences go through
+other matrix kernels, which round differently).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from draftwise.backends.llamacpp_batch import Request, _plan
+from draftwise.bench.audit import NEAR_TIE, first_difference
+from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
+from draftwise.drafters import NGramDrafter
+from draftwise.engine import SpeculativeEngine
+from draftwise.loading import llama_cpp_available, load_lm
+from draftwise.registry import REGISTRY, is_pulled
+from draftwise.target import LocalTarget
+
+SMOL = "smollm2-135m"
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "Once upon a time, in a small village by the sea, there lived",
+    "import numpy as np\n\nx = np.arange(10)\nprint(x.",
+]
+GREEDY = GenerationConfig(max_new_tokens=24, ignore_eos=True, sampling=SamplingConfig(temperature=0))
+
+
+def test_a_pass_takes_the_smallest_requests_first_up_to_its_budget():
+    step, block, prompt = Request(0, [1], 9, 1), Request(1, [1] * 5, 9, 6), Request(2, [1] * 600, 0, 1)
+    assert [(r.seq, n) for r, n in _plan([prompt, block, step], 64)] == [(0, 1), (1, 5), (2, 58)]
+    prompt.fed = 590
+    assert [(r.seq, n) for r, n in _plan([prompt, block, step], 12)] == [(0, 1), (1, 5), (2, 6)]
+    assert [(r.seq, n) for r, n in _plan([prompt, block], 3)] == [(1, 3)]
+
+
+needs_model = pytest.mark.skipif(
+    not (llama_cpp_available() and is_pulled(REGISTRY[SMOL])),
+    reason="needs llama-cpp-python and `draftwise pull smollm2-135m`",
+)
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def alone():
+    return load_lm(SMOL, ModelOptions(backend="llamacpp", threads=2, context=512))
+
+
+@pytest.fixture(scope="module")
+def shared():
+    return load_lm(SMOL, ModelOptions(backend="llamacpp", threads=2, context=512), slots=4)
+
+
+@needs_model
+def test_forks_take_the_free_slots_then_contexts_of_their_own(shared):
+    forks = [shared.fork() for _ in range(3)]
+    assert sorted(f.seq for f in [shared, *forks]) == [0, 1, 2, 3]
+    assert all(f.batcher is shared.batcher and f.weights is shared.weights for f in forks)
+    extra = shared.fork()  # every slot is taken: a context of its own, still the same weights
+    assert extra.batcher is not shared.batcher and extra.weights is shared.weights
+    freed = forks.pop().seq
+    again = shared.fork()  # a dropped sequence gives its slot back
+    assert again.batcher is shared.batcher and again.seq == freed
+
+
+@needs_model
+def test_rolling_back_one_sequence_leaves_the_others_untouched(shared):
+    a, b = shared.fork(), shared.fork()
+    ids_a = a.tokenizer.encode(PROMPTS[0])
+    ids_b = b.tokenizer.encode(PROMPTS[1])
+    b.reset()
+    b.forward(ids_b[:-1], last=1)
+    before = b.forward(ids_b[-1:], last=1).clone()
+    # The same pass for b again, after a has filled its slot, rolled back and refilled.
+    b.rollback(len(ids_b) - 1)
+    a.reset()
+    a.forward(ids_a, last=1)
+    a.rollback(3)
+    a.forward(ids_b[:5], last=1)
+    after = b.forward(ids_b[-1:], last=1)
+    assert torch.equal(before, after)
+    assert a.tokens == ids_a[:3] + ids_b[:5] and b.tokens == ids_b
+
+
+def _alone(alone, prompt: str, drafter: bool) -> list[int]:
+    engine = SpeculativeEngine(LocalTarget(alone), NGramDrafter() if drafter else None, alone.tokenizer)
+    return engine.generate(alone.tokenizer.encode(prompt), _config(drafter)).tokens
+
+
+def _config(drafter: bool) -> GenerationConfig:
+    return GREEDY.model_copy(update={"draft": DraftConfig(k_policy="fixed", k=4)}) if drafter else GREEDY
+
+
+def _near_tie_or_equal(lm, prompt_ids: list[int], plain: list[int], other: list[int]) -> None:
+    position = first_difference(plain, other)
+    if position is None:
+        return
+    lm.reset()
+    top = lm.forward(prompt_ids + plain[:position], last=1)[0].topk(2).values
+    gap = float(top[0] - top[1])
+    assert gap < NEAR_TIE, f"outputs part at token {position} where the top-2 logit gap is {gap:.3f}"
+
+
+@needs_model
+@pytest.mark.parametrize("drafter", [False, True], ids=["plain", "ngram"])
+def test_concurrent_streams_share_passes_and_give_the_tokens_they_give_alone(alone, shared, drafter):
+    expected = [_alone(alone, p, drafter) for p in PROMPTS]
+    sequences = [shared, *(shared.fork() for _ in PROMPTS[1:])]
+    outputs: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    before = (shared.batcher.stats.passes, shared.batcher.stats.sequences)
+
+    def run(i: int) -> None:
+        try:
+            lm = sequences[i]
+            engine = SpeculativeEngine(LocalTarget(lm), NGramDrafter() if drafter else None, lm.tokenizer)
+            outputs[i] = engine.generate(lm.tokenizer.encode(PROMPTS[i]), _config(drafter)).tokens
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors, errors
+    passes = shared.batcher.stats.passes - before[0]
+    served = shared.batcher.stats.sequences - before[1]
+    assert served > passes  # passes were shared: more than one sequence per pass on average
+    for i, prompt in enumerate(PROMPTS):
+        assert len(outputs[i]) == GREEDY.max_new_tokens
+        _near_tie_or_equal(alone, alone.tokenizer.encode(prompt), expected[i], outputs[i])
+
+
+@needs_model
+def test_a_long_prompt_is_fed_in_pieces_between_the_others_steps(alone, shared):
+    long_ids = (alone.tokenizer.encode(PROMPTS[1]) * 30)[:300]
+    short = shared.fork()
+    long = shared.fork()
+    short.reset()
+    short.forward(alone.tokenizer.encode(PROMPTS[0]), last=1)
+    result: list[torch.Tensor] = []
+    feeder = threading.Thread(target=lambda: result.append(long.forward(long_ids, last=2)))
+    feeder.start()
+    passes = shared.batcher.stats.passes
+    steps_during = 0  # short's steps that came back while the long prompt was still being fed
+    while feeder.is_alive() and steps_during < 200:
+        short.forward([int(short.tokens[-1])], last=1)
+        steps_during += feeder.is_alive()
+    feeder.join(timeout=600)
+    assert shared.batcher.stats.passes - passes >= 300 // 64  # the prompt went in pieces of the row budget
+    assert steps_during >= 2
+    assert result and result[0].shape == (2, alone.vocab_size)
+    alone.reset()
+    reference = alone.forward(long_ids, last=2)
+    assert torch.equal(reference.argmax(-1), result[0].argmax(-1))
+    assert len(long.tokens) == 300
