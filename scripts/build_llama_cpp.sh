@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's own programs (llama-bench, llama-completion, llama-speculative-simple)
+# Builds llama.cpp's own programs (llama-bench, llama-completion, llama-speculative-simple, llama-server)
 # from the llama-cpp-python sdist pinned in constraints.txt, so that the bench's llamacpp-spec
 # anchor runs the very llama.cpp that the llamacpp backend runs. Prints the folder of the
 # programs (for `draftwise bench --llama-cpp-bin DIR`); a second run finds them and only prints.
@@ -16,7 +16,7 @@ if [ -z "$version" ]; then
 fi
 work="$root/build/llama-cpp-$version"  # build/ is ignored by git: nothing here is committed
 bin="$work/build/bin"
-targets=(llama-bench llama-completion llama-speculative-simple)
+targets=(llama-bench llama-completion llama-speculative-simple llama-server)
 
 built=1
 for target in "${targets[@]}"; do
