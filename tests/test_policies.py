@@ -287,3 +287,44 @@ def test_cost_prices_a_catch_up_over_a_few_steps_not_the_whole_budget():
     policy.profile.catchup_token_seconds["model"] = 0.1  # a tenth of a plain pass per token
     assert policy.choose([Offer("model", behind=2000)], 1000) == PLAIN
     assert policy.choose([Offer("model", behind=10)], 1000).k >= 4
+
+
+# The 1.5B target's pass times by rows, llama-bench -t 2 on one of this project's hosts, in ms.
+BATCH_CURVE = {1: 65, 2: 88, 3: 101, 4: 86, 8: 152, 16: 169, 32: 338}
+
+
+def _batched(others: int, curve=BATCH_CURVE) -> CostAwareK:
+    """A policy whose passes carry ``others`` rows of other streams, and a free, half-right lookup."""
+    from draftwise.lm import PassInfo
+
+    profile = CostProfile()
+    for rows, ms in curve.items():
+        profile.pass_times.add(rows, ms / 1000)
+    policy = CostAwareK(DraftConfig(k=4, k_max=15, probe_every=1000), profile)
+    lookup = Offer("ngram", key="ngram:1", cost_hint=0.0)
+    for _ in range(40):  # acceptance 0.5 per token; every pass has `others` other rows
+        pass_rows = others + 5
+        outcome = Outcome(
+            Choice(lookup, 4), 4, 1, 0.0, 0.1, pass_info=PassInfo(pass_rows, curve.get(pass_rows, 100) / 1000)
+        )
+        policy.update(outcome)
+    return policy
+
+
+def test_alone_a_stream_prices_its_block_at_a_whole_pass():
+    policy = _batched(0, {**BATCH_CURVE, 5: 120})
+    assert policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000).k == 3  # 4 rows cost 86, 1 costs 65
+
+
+def test_beside_eight_rows_a_stream_drafts_to_fill_the_cheap_shape():
+    # Rows go through the quantized matrix kernel in groups of 4 and one at a time beyond: a
+    # ninth row costs more than the four after it.
+    curve = {**BATCH_CURVE, 9: 190, 10: 200, 11: 210, 12: 160, 13: 195}
+    policy = _batched(8, curve)
+    choice = policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000)
+    assert choice.k > 0 and (8 + choice.k + 1) % 4 == 0  # the pass's rows fill whole groups
+
+
+def test_past_the_measured_curve_batched_streams_stop_drafting():
+    policy = _batched(32, {**BATCH_CURVE, 37: 390})
+    assert policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000) == PLAIN

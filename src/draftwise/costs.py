@@ -15,7 +15,7 @@ import functools
 import json
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ def _fastest(run: Callable[[], None]) -> float:
     return best
 
 
-def time_passes(lm: LanguageModel, sizes: range) -> dict[int, float]:
+def time_passes(lm: LanguageModel, sizes: Sequence[int]) -> dict[int, float]:
     """Seconds of a pass over ``n`` new tokens after ``CONTEXT`` tokens, for each ``n``."""
     context = _context(lm)
     block = context[: max(sizes)]
@@ -112,24 +112,38 @@ class CostCache:
             pass
 
 
+# Pass sizes timed beyond a stream's own blocks when streams share passes (slots > 1): the
+# curve between them is read off the line, and past the last it goes on as a line.
+BATCHED_SIZES = (16, 20, 24, 32, 48, 64)
+
+
+def pass_sizes(k_max: int, slots: int) -> list[int]:
+    """Rows to time a target pass at: every block size a stream may verify, and with
+    ``slots`` streams batched, a few sizes up to what they fill together (64 at most)."""
+    rows = min(64, slots * (k_max + 1)) if slots > 1 else k_max + 1
+    return sorted({*range(1, k_max + 2), *(n for n in BATCHED_SIZES if n <= rows)})
+
+
 def calibrate(
     target: LanguageModel,
     draft: LanguageModel | None,
     k_max: int,
     log: Callable[[str], None] | None = None,
     cache: CostCache | None = None,
+    slots: int = 1,
 ) -> CostProfile:
     """A ``CostProfile`` holding the target's pass times for blocks of 1 to ``k_max + 1``
-    tokens and, with a draft model, its per-token and catch-up costs; measured here, or read
-    from the cache when this model ran on this CPU before."""
+    tokens (and larger passes where ``slots`` streams share them, see ``pass_sizes``) and,
+    with a draft model, its per-token and catch-up costs; measured here, or read from the
+    cache when this model ran on this CPU before."""
     log = log or (lambda message: None)
     cache = cache or CostCache()
     profile = CostProfile()
-    sizes = range(1, k_max + 2)
-    key = cache.key(target, f"passes 1-{k_max + 1}")
+    sizes = pass_sizes(k_max, slots)
+    key = cache.key(target, f"passes {','.join(map(str, sizes))}" if slots > 1 else f"passes 1-{k_max + 1}")
     passes = cache.get(key)
     if passes is None:
-        log(f"timing {target.name}'s passes over 1 to {k_max + 1} tokens (once on this machine; cached)")
+        log(f"timing {target.name}'s passes over 1 to {sizes[-1]} tokens (once on this machine; cached)")
         passes = time_passes(target, sizes)
         cache.put(key, {str(n): s for n, s in passes.items()})
     for n, seconds in passes.items():

@@ -122,6 +122,7 @@ class _Run:
                 verify_seconds,
                 proposal.catchup_seconds,
                 proposal.catchup_tokens,
+                check.pass_info,
             )
         )
         event = StepEvent(

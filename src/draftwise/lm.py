@@ -12,6 +12,7 @@ seam imports a backend's libraries or reaches into a backend's objects.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -52,6 +53,16 @@ class Tokenizer(Protocol):
     def get_vocab(self) -> dict[str, int]: ...
 
 
+@dataclass(frozen=True)
+class PassInfo:
+    """The target pass behind a forward's scores: its rows, over every sequence it served,
+    and how long it took. A backend that batches sequences (llama.cpp) reports it; where a
+    forward runs alone, its rows are the tokens fed and its time the call's."""
+
+    rows: int
+    seconds: float
+
+
 @runtime_checkable
 class LanguageModel(Protocol):
     """One sequence and its KV cache over a model's weights (batch size 1).
@@ -87,6 +98,11 @@ class LanguageModel(Protocol):
     def fingerprint(self) -> str:
         """What makes this model as fast as it is (weights, format, threads...), as a key for
         measured costs (``draftwise.costs``)."""
+
+    @property
+    def last_pass(self) -> PassInfo | None:
+        """The pass that produced the last ``forward``'s scores, where it may have served
+        other sequences too; None where every forward runs alone."""
 
     def forward(self, tokens: Sequence[int], last: int | None = None) -> torch.Tensor:
         """Append ``tokens`` to the cache and return float32 scores ``[last or n, V]`` for the

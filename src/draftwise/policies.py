@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from draftwise.config import DraftConfig
+from draftwise.lm import PassInfo
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,18 @@ class Outcome:
     verify_seconds: float
     catchup_seconds: float = 0.0
     catchup_tokens: int = 0
+    # The target pass that verified the block, where the backend reports it: with other
+    # streams' rows batched in, its rows and time say more than verify_seconds does.
+    pass_info: PassInfo | None = None
+
+    @property
+    def own_rows(self) -> int:
+        return self.n_proposed + 1
+
+    @property
+    def others_rows(self) -> int:
+        """Rows of other streams in the same pass."""
+        return max(0, self.pass_info.rows - self.own_rows) if self.pass_info is not None else 0
 
 
 class DraftPolicy(Protocol):
@@ -211,7 +224,10 @@ class CostProfile:
     acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)  # key -> (accepted, rejected)
 
     def learn(self, outcome: Outcome) -> None:
-        self.pass_times.add(outcome.n_proposed + 1, outcome.verify_seconds)
+        if outcome.pass_info is not None:
+            self.pass_times.add(outcome.pass_info.rows, outcome.pass_info.seconds)
+        else:
+            self.pass_times.add(outcome.own_rows, outcome.verify_seconds)
         source = outcome.choice.source
         if source is None or outcome.n_proposed == 0:
             return
@@ -252,6 +268,19 @@ class CostAwareK:
     Example, times in plain passes: verifying 3 tokens costs 1.9, drafting one costs 0.2,
     alpha = 0.6: k = 2 gives 1.96 tokens / 2.3 = 0.85 tokens per plain pass, below plain
     decoding's 1, so the policy drafts nothing; with alpha = 0.9, k = 2 gives 2.71 / 2.3 = 1.18.
+
+    **Batched with other streams** (a server whose slots share passes), a step's rows ride in
+    a pass the other streams fill with ``B`` rows anyway, so they are priced at what they add
+    to it, ``T(B + k + 1) - T(B)``, not at a pass of their own (and at least
+    ``MARGINAL_FLOOR`` of a plain pass a row, so that a cheaper bigger shape never makes
+    rows free). ``B`` is learnt from the passes' reports (``Outcome.pass_info``).
+
+    Example, with the pass times 1/2/3/4/8/16 rows = 65/88/101/86/152/169 ms: alone, drafting
+    3 tokens at alpha 0.5 gives 1.875 tokens in 86 ms against plain's 1 in 65: it drafts.
+    Beside 4 other rows, plain adds T(5) - T(4) and 3 drafted tokens add T(8) - T(4) = 66 ms;
+    beside 8 rows, 8 more rows add only T(16) - T(8) = 17 ms, so long drafts pay; past the
+    measured curve each row adds its slope, and drafting pays only at an acceptance no
+    stream reaches, so it stops.
     """
 
     DECAY = 0.9
@@ -264,6 +293,8 @@ class CostAwareK:
     # A catch-up is priced as if repaid within this many steps, not over the whole budget:
     # once paid it is sunk, and the source may turn out worse than its record.
     CATCHUP_HORIZON = 16.0
+    MARGINAL_FLOOR = 0.05  # least price of a row in a shared pass, in one-token plain passes
+    OTHERS_WEIGHT = 0.3  # of the newest pass in the running mean of other streams' rows
 
     def __init__(self, config: DraftConfig, profile: CostProfile | None = None) -> None:
         self.k_max = config.k_max
@@ -273,6 +304,7 @@ class CostAwareK:
         self._counts = {key: _prior(counts) for key, counts in self.profile.acceptance.items()}
         self._idle_steps = 0
         self._probe_gap = self.probe_every  # idle steps before the next probe
+        self._others = 0.0  # rows other streams put in the passes this stream's rows ride in
 
     @property
     def pass_times(self) -> PassTimes:
@@ -292,7 +324,7 @@ class CostAwareK:
     def rate(self, offer: Offer | None, k: int, remaining: int) -> float | None:
         """Expected tokens per second of drafting ``k`` from ``offer`` (plain for k == 0);
         None until the costs involved are measured."""
-        verify = self.pass_times.at(k + 1)
+        verify = self._added(k + 1)
         if verify is None:
             return None
         if offer is None or k == 0:
@@ -303,6 +335,16 @@ class CostAwareK:
         steps = min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
         seconds = verify + k * draft + self._catchup_seconds(offer) / steps
         return tokens / seconds if seconds > 0 else None
+
+    def _added(self, rows: int) -> float | None:
+        """Seconds ``rows`` rows of this stream add to the pass they ride in: a whole pass
+        alone, the difference it makes beside the other streams' rows when batched."""
+        others = round(self._others)
+        total = self.pass_times.at(others + rows)
+        if total is None or others == 0:
+            return total
+        floor = self.MARGINAL_FLOOR * (self.pass_times.at(1) or total)
+        return max(total - (self.pass_times.at(others) or 0.0), floor * rows)
 
     def _catchup_seconds(self, offer: Offer) -> float:
         per_token = self.profile.catchup_token_seconds.get(offer.source)
@@ -355,6 +397,8 @@ class CostAwareK:
 
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)
+        if outcome.pass_info is not None:
+            self._others += self.OTHERS_WEIGHT * (outcome.others_rows - self._others)
         if outcome.choice.offer is None or outcome.n_proposed == 0:
             return
         key = outcome.choice.offer.stats_key

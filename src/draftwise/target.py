@@ -7,6 +7,7 @@ functions from ``draftwise.verify``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -15,7 +16,7 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.drafters import Proposal
-from draftwise.lm import LanguageModel, prefill, sync
+from draftwise.lm import LanguageModel, PassInfo, prefill, sync
 from draftwise.verify import Verdict, verify
 
 
@@ -24,6 +25,9 @@ class Verification:
     verdict: Verdict
     target_token_probs: list[float]  # p(x_i) of each proposed token under the configured distribution
     extra: dict[str, Any] = field(default_factory=dict)  # backend timings, copied into StepEvent.extra
+    # The target pass behind the verdict: its rows (other sequences' included, where the
+    # backend batches them) and its time; None where unknown (a remote target).
+    pass_info: PassInfo | None = None
 
 
 class Target(Protocol):
@@ -68,11 +72,18 @@ class LocalTarget:
         # block, and row i of the scores judges proposal token i (row k gives the bonus).
         feed = sync(self.lm, context) + proposal.tokens.tolist()
         k = len(proposal)
+        started = time.perf_counter()
         logits = self.lm.forward(feed, last=k + 1)  # [k + 1, V]
+        info = self.lm.last_pass or PassInfo(len(feed), time.perf_counter() - started)
         s = self._config.sampling
         verdict, token_probs = verify(
             proposal.tokens, proposal.probs, logits, s.temperature, s.top_k, s.top_p, self._generator
         )
         # Keep the accepted tokens; the next token is fed with the next block.
         self.lm.rollback(len(context) + verdict.n_accepted)
-        return Verification(verdict=verdict, target_token_probs=token_probs.tolist())
+        return Verification(
+            verdict=verdict,
+            target_token_probs=token_probs.tolist(),
+            extra={"pass_rows": info.rows},
+            pass_info=info,
+        )

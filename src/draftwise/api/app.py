@@ -516,7 +516,7 @@ def _models(
     if target is None:
         target, draft = load_pair(settings.target, settings.draft, settings.models, log=log, slots=settings.slots)
         if settings.generation.draft.k_policy == "cost":
-            profile = calibrate(target, draft, settings.generation.draft.k_max, log)
+            profile = calibrate(target, draft, settings.generation.draft.k_max, log, slots=settings.slots)
     if target.tokenizer is None:
         raise ModelLoadError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
     return target, draft, profile

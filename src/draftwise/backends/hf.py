@@ -79,6 +79,8 @@ class HFTokenizer:
 class HFModel:
     """A transformers causal LM plus its KV cache, for a single sequence (batch size 1)."""
 
+    last_pass = None  # every forward runs alone (see LanguageModel.last_pass)
+
     backend = "hf"
 
     def __init__(self, model: Any, tokenizer: Any = None, name: str | None = None) -> None:

@@ -30,6 +30,7 @@ from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.backends.llamacpp_batch import ROWS, Batcher
 from draftwise.config import ModelOptions
 from draftwise.errors import ContextLengthError, ModelLoadError
+from draftwise.lm import PassInfo
 from draftwise.registry import derived_path
 
 BATCH = 512  # tokens per llama_decode call of a single sequence; a longer prefill runs in pieces
@@ -132,6 +133,7 @@ class LlamaCppModel:
         self.tokens: list[int] = []
         self.threads = batcher.threads
         self.n_ctx = batcher.n_ctx
+        self.last_pass: PassInfo | None = None
         self._free = weakref.finalize(self, batcher.release, seq)  # the slot goes back with the sequence
 
     @property
@@ -186,7 +188,9 @@ class LlamaCppModel:
                 "(--context sets it, up to the model's own)"
             )
         want = n if not last else min(last, n)
-        scores = self.batcher.forward(self.seq, list(tokens), len(self.tokens), want)
+        request = self.batcher.forward(self.seq, list(tokens), len(self.tokens), want)
+        scores = request.result()
+        self.last_pass = PassInfo(request.pass_rows, request.pass_seconds)
         self.tokens.extend(int(t) for t in tokens)
         return scores
 

@@ -54,6 +54,8 @@ class Request:
     fed: int = 0  # tokens already decoded (a long request goes in pieces)
     rows: list[torch.Tensor] = field(default_factory=list)
     error: BaseException | None = None
+    pass_rows: int = 0  # of the last pass that fed this request, over every sequence in it
+    pass_seconds: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -171,9 +173,13 @@ class _Context:
                 n += 1
             outputs.append((request, max(0, first + take - out_from)))
         self.batch.n_tokens = n
+        started = time.perf_counter()
         status = self.api.llama_decode(self.ctx, self.batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed ({status}) on {self.weights.name}: {self.weights.reason()}")
+        seconds = time.perf_counter() - started
+        for request, _ in plan:
+            request.pass_rows, request.pass_seconds = n, seconds
         self._hand_out(outputs, sum(k for _, k in outputs), plan)
         return {request.seq for request, _ in plan}
 
@@ -259,9 +265,11 @@ class Batcher:
         with self._lock:
             self._free.append(seq)
 
-    def forward(self, seq: int, tokens: Sequence[int], start: int, want: int) -> torch.Tensor:
+    def forward(self, seq: int, tokens: Sequence[int], start: int, want: int) -> Request:
         """Feed ``tokens`` to sequence ``seq`` from position ``start`` (its cache is cut there
-        first); scores ``[want, V]`` of the last ``want`` positions, once the pass ran."""
+        first); the finished request: ``result()`` holds scores ``[want, V]`` of the last
+        ``want`` positions."""
         request = Request(seq, tokens, start, want)
         self._queue.put(request)
-        return request.result()
+        request.done.wait()
+        return request
