@@ -162,3 +162,42 @@ def test_a_long_prompt_is_fed_in_pieces_between_the_others_steps(alone, shared):
     reference = alone.forward(long_ids, last=2)
     assert torch.equal(reference.argmax(-1), result[0].argmax(-1))
     assert len(long.tokens) == 300
+
+
+@needs_model
+def test_serve_batches_concurrent_requests_and_frees_a_cancelled_slot(tmp_path, alone):
+    import asyncio
+
+    import httpx
+
+    from cli_support import cli_server
+
+    body = {"model": SMOL, "max_tokens": 16, "temperature": 0}
+    args = ["serve", "--target", SMOL, "--drafter", "off", "--slots", "4", "--threads", "2", "--context", "512"]
+    with cli_server(args, "/health", tmp_path / "serve.log") as (url, _process):
+
+        async def complete(prompt: str) -> list[int]:
+            async with httpx.AsyncClient(timeout=300) as http:
+                request = {**body, "prompt": prompt, "speculative": {"provenance": True}}
+                answer = await http.post(f"{url}/v1/completions", json=request)
+                return [token["id"] for token in answer.json()["provenance"]]
+
+        async def all_at_once() -> list[list[int]]:
+            return await asyncio.gather(*(complete(p) for p in PROMPTS))
+
+        together = asyncio.run(all_at_once())
+        one_by_one = [asyncio.run(complete(p)) for p in PROMPTS]
+        health = httpx.get(f"{url}/health").json()
+        assert health["slots"] == 4 and health["rows_per_pass"] > 1  # the concurrent steps shared passes
+        # A client that goes away mid-stream gives its slot back.
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "prompt": PROMPTS[0], "max_tokens": 400,
+                                                                  "stream": True}, timeout=300) as stream:  # fmt: skip
+            next(stream.iter_lines())
+        for _ in range(600):
+            if httpx.get(f"{url}/health").json()["active"] == 0:
+                break
+            threading.Event().wait(0.1)
+        assert httpx.get(f"{url}/health").json()["active"] == 0
+    for prompt, batched, by_itself in zip(PROMPTS, together, one_by_one):
+        assert batched and by_itself
+        _near_tie_or_equal(alone, alone.tokenizer.encode(prompt), by_itself, batched)

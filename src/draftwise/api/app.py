@@ -449,6 +449,7 @@ def _add_status_routes(app: FastAPI, service: _Service) -> None:
             "active": pool.running,
             "queued": pool.waiting,
             "queue_size": pool.queue_size,
+            **service.metrics.means(),
         }
 
     @app.get("/metrics", include_in_schema=False)

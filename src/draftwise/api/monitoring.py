@@ -59,12 +59,28 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.queue_wait = Histogram(
+            "draftwise_queue_wait_seconds",
+            "request arrival to the start of its generation on a free slot",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pass_rows = Histogram(
+            "draftwise_pass_rows",
+            "rows of the target pass behind each step, other streams' rows included (slots share passes)",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+            registry=r,
+        )
         self.token_latency = Histogram(
             "draftwise_time_per_output_token_seconds",
             "step time divided by the tokens the step emitted, once per token",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def means(self) -> dict[str, float | None]:
+        """Rows per target pass and seconds of queue wait, averaged since the start (/health)."""
+        return {"rows_per_pass": _mean(self.pass_rows), "queue_wait_seconds": _mean(self.queue_wait)}
 
     def observe_step(self, event: StepEvent, since_arrival: float | None) -> None:
         """Record one engine step; ``since_arrival`` is set on a request's first step (its TTFT)."""
@@ -80,7 +96,18 @@ class ServerMetrics:
                 self.accepted_at.labels(str(i)).inc()
         if since_arrival is not None:
             self.ttft.observe(since_arrival)
+        rows = event.extra.get("pass_rows")
+        if isinstance(rows, int):
+            self.pass_rows.observe(rows)
         if event.tokens:
             per_token = event.step_seconds / len(event.tokens)
             for _ in event.tokens:
                 self.token_latency.observe(per_token)
+
+
+def _mean(histogram: Histogram) -> float | None:
+    """The mean of what ``histogram`` observed (None before the first observation)."""
+    samples = {sample.name: sample.value for metric in histogram.collect() for sample in metric.samples}
+    count = next((v for name, v in samples.items() if name.endswith("_count")), 0.0)
+    total = next((v for name, v in samples.items() if name.endswith("_sum")), 0.0)
+    return round(total / count, 4) if count else None

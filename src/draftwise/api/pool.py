@@ -184,6 +184,7 @@ class WorkerPool:
             return
         job.state = "running"
         self.running += 1
+        self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
         self._update_gauges()
 
         events: asyncio.Queue[Any] = asyncio.Queue()
