@@ -61,6 +61,13 @@ class Worker:
     # What drafting costs here, learnt by every request this worker runs (see CostProfile).
     profile: CostProfile = field(default_factory=CostProfile)
 
+    def rest(self) -> None:
+        """Forget the finished generation: its KV cache is free, and a backend that batches
+        sequences stops waiting for this one's passes."""
+        self.target.reset()
+        if self.draft is not None:
+            self.draft.reset()
+
     def engine(self, drafter: DrafterName) -> SpeculativeEngine:
         return SpeculativeEngine(
             LocalTarget(self.target), make_drafter(drafter, self.draft), self.target.tokenizer, profile=self.profile
@@ -249,6 +256,7 @@ class WorkerPool:
         finally:
             if stream is not None:
                 stream.close()
+            worker.rest()
             push(_END)
 
     def close(self) -> None:

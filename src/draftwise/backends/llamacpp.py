@@ -170,6 +170,7 @@ class LlamaCppModel:
 
     def reset(self) -> None:
         self.tokens = []  # the cache is cut at the next pass's start (see Batcher.forward)
+        self.batcher.rest(self.seq)
 
     def rollback(self, length: int) -> None:
         if length < 0 or length > len(self.tokens):

@@ -11,9 +11,12 @@ not four.
 
 Scheduling, in each round:
 
-1. Wait for a pending forward. Then wait, a few milliseconds at most (``GATHER_S``), for the
-   sequences of the last pass to come back with their next one: a stream spends that long
-   between two passes checking its block, and a pass without it would cost it a whole pass.
+1. Wait for a pending forward. Then wait a little (``GATHER_S``, or ``GATHER_SHARE`` of the
+   last pass if longer) for the sequences of the last two passes to come back with their
+   next one: a stream spends a few milliseconds between two passes checking its block, and a
+   pass without it would cost it a whole pass. (Two passes, not one: streams that once missed
+   a pass would otherwise settle into taking turns, each pass half full.) A sequence that was
+   reset has ended its generation and is not waited for.
 2. Take rows up to the row budget (``rows``): the smallest requests first, so that a long
    prompt never holds up the others' one-token steps; a prompt longer than what is left is
    fed in pieces over several rounds, mixed with everybody's steps.
@@ -40,7 +43,9 @@ import torch
 from draftwise.errors import ModelLoadError
 
 ROWS = 64  # most rows per pass: a long prompt goes in pieces, between the other streams' steps
-GATHER_S = 0.008  # longest wait for the last pass's sequences to come back with their next pass
+GATHER_S = 0.008  # wait for the recent passes' sequences to come back with their next pass...
+GATHER_SHARE = 0.25  # ... or this share of the last pass's time, if longer
+GATHER_MAX_S = 0.05
 
 
 @dataclass(eq=False)
@@ -85,12 +90,19 @@ class _Queue:
         self.cond = threading.Condition()
         self.pending: list[Request] = []
         self.closed = False
+        self.resting: set[int] = set()  # sequences reset since their last request: not waited for
 
     def put(self, request: Request) -> None:
         with self.cond:
             if self.closed:
                 raise RuntimeError("this llama.cpp context is closed")
             self.pending.append(request)
+            self.resting.discard(request.seq)
+            self.cond.notify_all()
+
+    def rest(self, seq: int) -> None:
+        with self.cond:
+            self.resting.add(seq)
             self.cond.notify_all()
 
     def close(self) -> None:
@@ -104,7 +116,7 @@ class _Queue:
             while not self.pending and not self.closed:
                 self.cond.wait()
             deadline = time.monotonic() + gather_s
-            while not self.closed and not members <= {r.seq for r in self.pending}:
+            while not self.closed and not members - self.resting <= {r.seq for r in self.pending}:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -211,21 +223,24 @@ def _plan(pending: list[Request], budget: int) -> list[tuple[Request, int]]:
     return plan
 
 
-def _serve(queue: _Queue, context: _Context, gather_s: float, stats: PassStats) -> None:
+def _serve(queue: _Queue, context: _Context, stats: PassStats) -> None:
     """The pass thread: rounds until the batcher is gone, then free the context."""
-    members: set[int] = set()
+    recent: list[set[int]] = [set(), set()]  # the sequences of the last two passes
+    wait_s = GATHER_S
     try:
-        while (pending := queue.gather(members, gather_s)) is not None:
+        while (pending := queue.gather(recent[0] | recent[1], wait_s)) is not None:
             fed = sum(r.fed for r in pending)
+            started = time.perf_counter()
             try:
-                members = context.run(pending)
+                recent = [recent[1], context.run(pending)]
             except Exception as exc:  # a failed pass fails the requests in it, not the thread
                 for request in pending:
                     request.error = exc
-                members = set()
+                recent = [set(), set()]
+            wait_s = min(GATHER_MAX_S, max(GATHER_S, GATHER_SHARE * (time.perf_counter() - started)))
             stats.passes += 1
             stats.rows += sum(r.fed for r in pending) - fed
-            stats.sequences += len(members)
+            stats.sequences += len(recent[1])
             done = [r for r in pending if r.error is not None or r.left == 0]
             queue.finish(done)
             for request in done:
@@ -249,7 +264,7 @@ class Batcher:
         self._queue = _Queue()
         self.stats = PassStats()
         thread = threading.Thread(
-            target=_serve, args=(self._queue, context, GATHER_S, self.stats), name="draftwise-llamacpp", daemon=True
+            target=_serve, args=(self._queue, context, self.stats), name="draftwise-llamacpp", daemon=True
         )
         thread.start()
         # The thread holds the context and the queue, never this object: once no sequence
@@ -262,8 +277,13 @@ class Batcher:
             return self._free.pop() if self._free else None
 
     def release(self, seq: int) -> None:
+        self._queue.rest(seq)
         with self._lock:
             self._free.append(seq)
+
+    def rest(self, seq: int) -> None:
+        """Sequence ``seq`` ended its generation: passes no longer wait for it."""
+        self._queue.rest(seq)
 
     def forward(self, seq: int, tokens: Sequence[int], start: int, want: int) -> Request:
         """Feed ``tokens`` to sequence ``seq`` from position ``start`` (its cache is cut there
