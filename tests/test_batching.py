@@ -201,3 +201,39 @@ def test_serve_batches_concurrent_requests_and_frees_a_cancelled_slot(tmp_path, 
     for prompt, batched, by_itself in zip(PROMPTS, together, one_by_one):
         assert batched and by_itself
         _near_tie_or_equal(alone, alone.tokenizer.encode(prompt), by_itself, batched)
+
+
+@needs_model
+def test_concurrent_sessions_of_a_verifier_share_passes(alone):
+    from draftwise.remote.client import connect
+    from draftwise.remote.server import create_app
+    from draftwise.remote.settings import VerifierSettings
+
+    from server_support import serve_in_background
+
+    verifier_lm = load_lm(SMOL, ModelOptions(backend="llamacpp", threads=2, context=512), slots=5)
+    app = create_app(VerifierSettings(target=SMOL, slots=4), lm=verifier_lm)
+    expected = [_alone(alone, p, drafter=True) for p in PROMPTS]
+    outputs: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    with serve_in_background(app) as url:
+
+        def run(i: int) -> None:
+            try:
+                with connect(url, tokenizer=alone.tokenizer) as target:
+                    engine = SpeculativeEngine(target, NGramDrafter(), alone.tokenizer)
+                    outputs[i] = engine.generate(alone.tokenizer.encode(PROMPTS[i]), _config(True)).tokens
+            except BaseException as exc:  # handed to the test thread
+                errors.append(exc)
+
+        before = (verifier_lm.batcher.stats.passes, verifier_lm.batcher.stats.sequences)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=600)
+    assert not errors, errors
+    passes = verifier_lm.batcher.stats.passes - before[0]
+    assert verifier_lm.batcher.stats.sequences - before[1] > passes  # sessions' verifies shared passes
+    for i, prompt in enumerate(PROMPTS):
+        _near_tie_or_equal(alone, alone.tokenizer.encode(prompt), expected[i], outputs[i])

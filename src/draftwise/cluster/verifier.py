@@ -81,7 +81,7 @@ class VerifierReplica(FleetReplica):
 
         super().__init__()
         self.settings = settings
-        self.lm = load_lm(settings.target, settings.models, log=replica_log)
+        self.lm = load_lm(settings.target, settings.models, log=replica_log, slots=settings.slots + 1)
 
         async def hold(session_id: str) -> str:
             return session_id  # the session lives in the service; Serve only keeps its ID

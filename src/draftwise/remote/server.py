@@ -3,6 +3,8 @@
 Each session is a ``LocalTarget`` over the one loaded model (the weights are shared, each
 session has its own cache), seeded exactly as the local engine seeds its target, so a
 remote run makes the same decisions as a local one: the verification code is the local code.
+On llama.cpp the first ``slots`` sessions are sequences of one context, and the verify
+passes of sessions served at the same time go into one ``llama_decode``.
 
 Built by ``create_app(settings)``; all state lives in the app it returns.
 """
@@ -16,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -74,13 +76,16 @@ class _Session:
     context: list[int]  # committed tokens, as the client's engine holds them
     last_used: float
     verified: bool = False  # has served a verify since it was opened
+    # One verify at a time per session; sessions run theirs side by side (their passes merge).
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class VerifierService:
     """Sessions over one loaded target model.
 
-    One lock serialises the session table and the model: a CPU runs one forward pass well,
-    not several at once, and a session must never be verified twice concurrently.
+    One lock guards the session table, and each session has a lock of its own: a session is
+    never verified twice at once, and different sessions verify concurrently, their passes
+    batched by the backend (a CPU runs one pass over many rows well, not several passes).
     """
 
     def __init__(self, settings: VerifierSettings, lm: LanguageModel) -> None:
@@ -137,16 +142,19 @@ class VerifierService:
             )
         self._check_ids(np.asarray(prompt, dtype=np.int64), "prompt")
         with self._lock:
-            now = time.monotonic()
-            self._expire_locked(now)
+            self._expire_locked(time.monotonic())
             while len(self._sessions) >= self.settings.max_sessions:
                 self._evict_locked()
             target = LocalTarget(self.lm.fork())
-            started = time.perf_counter()
-            target_generator, _ = seeded_generators(request.sampling.seed)
-            target.start(prompt, GenerationConfig(sampling=request.sampling), target_generator)
-            prefill_seconds = time.perf_counter() - started
-            session_id = secrets.token_urlsafe(12)
+        # The prefill runs outside the table's lock: other sessions verify meanwhile.
+        started = time.perf_counter()
+        target_generator, _ = seeded_generators(request.sampling.seed)
+        target.start(prompt, GenerationConfig(sampling=request.sampling), target_generator)
+        prefill_seconds = time.perf_counter() - started
+        session_id = secrets.token_urlsafe(12)
+        with self._lock:
+            while len(self._sessions) >= self.settings.max_sessions:
+                self._evict_locked()
             self._sessions[session_id] = _Session(target, request.sampling, list(prompt), time.monotonic())
         return SessionOpened(session_id=session_id, context_length=len(prompt), prefill_seconds=prefill_seconds)
 
@@ -199,15 +207,8 @@ class VerifierService:
             )
         self._check_ids(request.append, "append")
         self._check_ids(request.tokens, "the proposed block")
-        with self._lock:
-            self._expire_locked(time.monotonic())
-            session = self._sessions.get(session_id)
-            if session is None:
-                self.misses += 1
-                raise VerifierError(404, f"unknown session {session_id!r} (closed, expired or evicted)")
-            self.hits += 1
-            self._sessions.move_to_end(session_id)
-            session.last_used = time.monotonic()
+        session = self._take(session_id)
+        with session.lock:
             if request.keep > len(session.context):
                 raise VerifierError(
                     409, f"keep={request.keep} but the session holds only {len(session.context)} tokens"
@@ -232,6 +233,19 @@ class VerifierService:
         return encode_verify_response(
             verdict.n_accepted, verdict.next_token, time.perf_counter() - started, check.target_token_probs
         )
+
+    def _take(self, session_id: str) -> _Session:
+        """The session to verify on, marked as just used; 404 when it is not held here."""
+        with self._lock:
+            self._expire_locked(time.monotonic())
+            session = self._sessions.get(session_id)
+            if session is None:
+                self.misses += 1
+                raise VerifierError(404, f"unknown session {session_id!r} (closed, expired or evicted)")
+            self.hits += 1
+            self._sessions.move_to_end(session_id)
+            session.last_used = time.monotonic()
+            return session
 
     def _draft_probs(self, request: VerifyRequest) -> torch.Tensor | None:  # [k, V]; None = point masses
         """Rebuild the dense q the drafter sampled from out of its non-zero entries."""
@@ -389,7 +403,8 @@ def create_app(
         if lm is None:
             from draftwise.loading import load_lm
 
-            lm = load_lm(settings.target, settings.models, log=log)
+            # One slot more than batched sessions: the loaded model itself stays idle.
+            lm = load_lm(settings.target, settings.models, log=log, slots=settings.slots + 1)
         service = VerifierService(settings, lm)
 
     app = FastAPI(

@@ -26,6 +26,13 @@ class VerifierSettings(BaseModel):
         le=4096,
         description="open sessions; beyond, the least recently used is evicted (sessions not yet verified go last)",
     )
+    slots: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="sessions whose verify passes are batched into one (on llama.cpp: sequences of one context); "
+        "sessions beyond run passes of their own",
+    )
     idle_timeout_s: float = Field(
         300.0, gt=0, description="a session unused this long is closed (its client is presumed gone)"
     )
