@@ -237,3 +237,12 @@ def test_concurrent_sessions_of_a_verifier_share_passes(alone):
     assert verifier_lm.batcher.stats.sequences - before[1] > passes  # sessions' verifies shared passes
     for i, prompt in enumerate(PROMPTS):
         _near_tie_or_equal(alone, alone.tokenizer.encode(prompt), expected[i], outputs[i])
+
+
+@needs_model
+def test_a_tokenizer_outlives_the_sequence_it_came_from():
+    import gc
+
+    tokenizer = load_lm(SMOL, ModelOptions(backend="llamacpp", threads=1, context=256)).tokenizer
+    gc.collect()  # the model and its weights are unreferenced but for the tokenizer
+    assert tokenizer.decode(tokenizer.encode("still here")) == "still here"

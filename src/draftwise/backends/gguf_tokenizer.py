@@ -68,7 +68,8 @@ def render_chat(
 class GGUFTokenizer:
     """Token ids <-> text with a GGUF file's vocabulary (llama.cpp calls; safe from any thread)."""
 
-    def __init__(self, api: Any, model: Any, vocab: Any) -> None:
+    def __init__(self, api: Any, model: Any, vocab: Any, owner: object = None) -> None:
+        self._owner = owner  # what frees the model: kept alive while the tokenizer is in use
         self._api = api
         self._vocab = vocab
         self.size = int(api.llama_vocab_n_tokens(vocab))

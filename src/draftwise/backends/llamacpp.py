@@ -105,7 +105,7 @@ class LlamaCppWeights:
         self.n_vocab = int(api.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(api.llama_model_n_ctx_train(model))
         self.file_type = _file_type_name(api, int(api.llama_model_ftype(model)))
-        self.tokenizer = GGUFTokenizer(api, model, self.vocab)
+        self.tokenizer = GGUFTokenizer(api, model, self.vocab, owner=self)
         # F16 keys and values (llama.cpp's default cache types) of every layer, per position.
         head = int(api.llama_model_n_embd(model)) // max(1, int(api.llama_model_n_head(model)))
         self.kv_bytes_per_position = (
