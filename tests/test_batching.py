@@ -246,3 +246,20 @@ def test_a_tokenizer_outlives_the_sequence_it_came_from():
     tokenizer = load_lm(SMOL, ModelOptions(backend="llamacpp", threads=1, context=256)).tokenizer
     gc.collect()  # the model and its weights are unreferenced but for the tokenizer
     assert tokenizer.decode(tokenizer.encode("still here")) == "still here"
+
+
+@needs_model
+def test_more_slots_than_memory_holds_are_refused_with_the_size_of_a_slot(monkeypatch):
+    from typer.testing import CliRunner
+
+    from draftwise.backends import llamacpp
+    from draftwise.cli import build_app
+
+    monkeypatch.setattr(llamacpp, "_available_memory", lambda: 2**30)
+    args = ["serve", "--target", SMOL, "--drafter", "off", "--slots", "8", "--context", "8192"]
+    result = CliRunner().invoke(build_app(), args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "use fewer --slots" in line
+    assert "8 slot(s) of 8192 positions need 1.4 GiB of KV cache" in line and "180 MiB per slot" in line

@@ -284,7 +284,7 @@ def check_kv_memory(weights: LlamaCppWeights, n_ctx: int, slots: int) -> None:
         raise ModelLoadError(
             f"{slots} slot(s) of {n_ctx} positions need {need / 2**30:.1f} GiB of KV cache for {weights.path.name} "
             f"({per_slot / 2**20:.0f} MiB per slot), and {available / 2**30:.1f} GiB is available: "
-            "use fewer slots or a smaller --context"
+            "use fewer --slots or a smaller --context"
         )
 
 
