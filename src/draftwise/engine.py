@@ -226,40 +226,45 @@ class SpeculativeEngine:
         run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy)
         target_generator, drafter_generator = seeded_generators(config.sampling.seed)
 
-        # 1. Prefill target and drafter with the prompt.
-        started = time.perf_counter()
-        self.target.start(run.context, config, target_generator)
-        if self.drafter is not None:
-            self.drafter.start(run.context, config, drafter_generator)
-        run.prefill_seconds = time.perf_counter() - started
+        try:
+            # 1. Prefill target and drafter with the prompt.
+            started = time.perf_counter()
+            self.target.start(run.context, config, target_generator)
+            if self.drafter is not None:
+                self.drafter.start(run.context, config, drafter_generator)
+            run.prefill_seconds = time.perf_counter() - started
 
-        while not run.finished:
-            step_started = time.perf_counter()
-            # 2. Choose what to draft: a source the drafter offers and a length, or nothing.
-            choice = run.choose(self.drafter)
-            try:
-                # 3. Draft.
-                proposal = (
-                    self.drafter.propose(run.context, choice.k, choice.source)
-                    if self.drafter is not None and choice.k > 0
-                    else EMPTY_PROPOSAL
+            while not run.finished:
+                step_started = time.perf_counter()
+                # 2. Choose what to draft: a source the drafter offers and a length, or nothing.
+                choice = run.choose(self.drafter)
+                try:
+                    # 3. Draft.
+                    proposal = (
+                        self.drafter.propose(run.context, choice.k, choice.source)
+                        if self.drafter is not None and choice.k > 0
+                        else EMPTY_PROPOSAL
+                    )
+                    drafted = time.perf_counter()
+                    # 4. Verify the whole block in one target pass.
+                    check = self.target.verify(run.context, proposal)
+                except TargetError as refusal:
+                    # A full context (target's or draft's) or a verifier gone away: end with the
+                    # text so far and a finish reason instead of raising it away.
+                    yield run.end(refusal)
+                    return
+                verified = time.perf_counter()
+                # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
+                observe = self.drafter.observe if self.drafter is not None else None
+                event = run.commit(
+                    choice, proposal, check, drafted - step_started, verified - drafted, step_started, observe
                 )
-                drafted = time.perf_counter()
-                # 4. Verify the whole block in one target pass.
-                check = self.target.verify(run.context, proposal)
-            except TargetError as refusal:
-                # A full context (target's or draft's) or a verifier gone away: end with the
-                # text so far and a finish reason instead of raising it away.
-                yield run.end(refusal)
-                return
-            verified = time.perf_counter()
-            # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
-            observe = self.drafter.observe if self.drafter is not None else None
-            event = run.commit(
-                choice, proposal, check, drafted - step_started, verified - drafted, step_started, observe
-            )
-            # 6. Hand the step to the consumer.
-            yield event
+                # 6. Hand the step to the consumer.
+                yield event
+        finally:
+            # 7. Whatever ended the run (its end, an error, Ctrl-C, a consumer that stopped
+            # reading): the target frees what the run held (a remote verifier's session).
+            self.target.finish()
 
     def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate to the end and return tokens, text and metrics."""

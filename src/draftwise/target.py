@@ -35,6 +35,10 @@ class Target(Protocol):
     def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
         """Score ``proposal`` after ``context`` in one pass and decide what to keep."""
 
+    def finish(self) -> None:
+        """The sequence is over (finished, failed or abandoned): free what ``start`` set up.
+        The engine calls it once per run, whatever ended the run."""
+
 
 class LocalTarget:
     """The target model in this process."""
@@ -63,3 +67,6 @@ class LocalTarget:
         # Keep the accepted tokens; the next token is fed with the next block.
         self.lm.rollback(len(context) + verdict.n_accepted)
         return Verification(verdict=verdict, target_token_probs=token_probs.tolist())
+
+    def finish(self) -> None:
+        pass  # the cache stays: the next start overwrites it, and freeing it would cost a reallocation

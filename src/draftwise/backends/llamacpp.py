@@ -83,11 +83,12 @@ def library() -> _Library:
 class LlamaCppWeights:
     """One ``llama_model`` (a GGUF file, memory-mapped) shared by every sequence over it."""
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, path: Path, name: str, vocab_only: bool = False) -> None:
         api = library().api
         library().lines.clear()
         params = api.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.vocab_only = vocab_only  # the vocabulary and metadata, not a byte of the weights
         model = api.llama_model_load_from_file(str(path).encode(), params)
         if not model:
             raise ModelLoadError(f"llama.cpp cannot load {path.name}: {library().reason()}")
@@ -105,7 +106,8 @@ class LlamaCppWeights:
         self.n_vocab = int(api.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(api.llama_model_n_ctx_train(model))
         self.file_type = _file_type_name(api, int(api.llama_model_ftype(model)))
-        self.tokenizer = GGUFTokenizer(api, model, self.vocab)
+        # Loaded for the tokenizer alone, this is held by nothing else: the tokenizer keeps it.
+        self.tokenizer = GGUFTokenizer(api, model, self.vocab, owner=self if vocab_only else None)
 
 
 class LlamaCppModel:
@@ -297,6 +299,11 @@ def requantized(path: Path, quant: str, threads: int, log: Callable[[str], None]
     finally:
         scratch.unlink(missing_ok=True)
     return out
+
+
+def load_gguf_tokenizer(source: str, path: Path) -> GGUFTokenizer:
+    """The tokenizer of the GGUF file ``path`` (named ``source``) alone: no weights are read."""
+    return LlamaCppWeights(path, source, vocab_only=True).tokenizer
 
 
 def load_llamacpp(
