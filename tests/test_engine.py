@@ -219,6 +219,9 @@ class ScriptedTarget:
         verdict = verify_greedy(proposal.tokens, logits)
         return Verification(verdict=verdict, target_token_probs=[1.0] * len(proposal))
 
+    def finish(self) -> None:
+        pass
+
 
 class OracleDrafter:
     """Proposes the script itself, ``extra`` tokens more than asked for: every block is

@@ -22,7 +22,7 @@ from draftwise.engine import SpeculativeEngine
 from draftwise.remote.client import RemoteTarget, RemoteVerifierError, connect
 from draftwise.remote.protocol import decode_verify_response, encode_verify_request, tokenizer_fingerprint
 from draftwise.remote.server import create_app
-from draftwise.remote.settings import VerifierSettings
+from draftwise.remote.settings import ClientSettings, VerifierSettings
 from draftwise.target import LocalTarget
 
 from server_support import serve_in_background
@@ -506,7 +506,8 @@ def test_a_verifier_that_disappears_mid_run_leaves_the_text_and_a_reason(target_
     local = SpeculativeEngine.from_models(target_lm, tiny_near_draft).generate(PROMPT, config)
     server = _server(target_lm)
     base = server.__enter__()
-    with connect(base, tokenizer=tiny_near_draft.tokenizer) as target:
+    # reconnect_s=0: gives up at once (tests/test_remote_reliability.py covers the retries).
+    with connect(base, tokenizer=tiny_near_draft.tokenizer, settings=ClientSettings(reconnect_s=0)) as target:
         stream = SpeculativeEngine(target, ModelDrafter(tiny_near_draft), tokenizer=target_lm.tokenizer).stream(
             PROMPT, config
         )

@@ -52,6 +52,9 @@ class RefusesAfter:
         self.steps -= 1
         return self.target.verify(context, proposal)
 
+    def finish(self) -> None:
+        self.target.finish()
+
 
 @pytest.fixture(scope="module")
 def expected(tiny_target, tiny_same_draft):

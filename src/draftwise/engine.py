@@ -230,15 +230,22 @@ class SpeculativeEngine:
         config = config or GenerationConfig()
         policy = make_policy(config.draft, self.profile) if self.drafter is not None else FixedK(0)
         run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy)
-        target_generator, drafter_generator = seeded_generators(config.sampling.seed)
+        try:
+            yield from self._steps(run, cancelled)
+        finally:
+            # 7. Whatever ended the run (its end, an error, Ctrl-C, a consumer that stopped
+            # reading): the target frees what the run held (a remote verifier's session).
+            self.target.finish()
 
+    def _steps(self, run: _Run, cancelled: Callable[[], bool] | None) -> Generator[StepEvent, None, None]:
+        target_generator, drafter_generator = seeded_generators(run.config.sampling.seed)
         # 1. Prefill target and drafter with the prompt (unless cancelled meanwhile).
         started = time.perf_counter()
-        self.target.start(run.context, config, target_generator, cancelled)
+        self.target.start(run.context, run.config, target_generator, cancelled)
         if cancelled is not None and cancelled():
             return
         if self.drafter is not None:
-            self.drafter.start(run.context, config, drafter_generator)
+            self.drafter.start(run.context, run.config, drafter_generator)
         run.prefill_seconds = time.perf_counter() - started
 
         while not run.finished:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from draftwise.compat import check_compatible
 from draftwise.config import ModelOptions
@@ -100,6 +101,19 @@ def load_lm(
     from draftwise.backends.hf_loading import load_hf
 
     return load_hf(source, location, options, draft=draft, log=log)
+
+
+def load_tokenizer(source: str, options: ModelOptions | None = None) -> Any:
+    """The tokenizer of ``source`` alone, as ``load_lm`` would give it, without the weights (a
+    target that runs elsewhere, behind a verifier, and is drafted for by n-gram lookup here)."""
+    location = resolve(source)
+    if choose_backend(location, (options or ModelOptions()).backend, lambda message: None) == "llamacpp":
+        from draftwise.backends.llamacpp import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(source, Path(location))
+    from draftwise.backends.hf_loading import load_hf_tokenizer
+
+    return load_hf_tokenizer(source, location)
 
 
 def load_pair(

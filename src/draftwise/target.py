@@ -46,6 +46,10 @@ class Target(Protocol):
     def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
         """Score ``proposal`` after ``context`` in one pass and decide what to keep."""
 
+    def finish(self) -> None:
+        """The sequence is over (finished, failed or abandoned): free what ``start`` set up.
+        The engine calls it once per run, whatever ended the run."""
+
 
 class LocalTarget:
     """The target model in this process."""
@@ -87,3 +91,6 @@ class LocalTarget:
             extra={"pass_rows": info.rows},
             pass_info=info,
         )
+
+    def finish(self) -> None:
+        pass  # the cache stays: the next start overwrites it, and freeing it would cost a reallocation

@@ -69,9 +69,11 @@ class GGUFTokenizer:
     """Token ids <-> text with a GGUF file's vocabulary (llama.cpp calls; safe from any thread)."""
 
     def __init__(self, api: Any, model: Any, vocab: Any, owner: object = None) -> None:
-        self._owner = owner  # what frees the model: kept alive while the tokenizer is in use
         self._api = api
         self._vocab = vocab
+        # What frees the vocabulary when it goes: kept alive here when nothing else holds it
+        # (a model loaded for its tokenizer alone).
+        self._owner = owner
         self.size = int(api.llama_vocab_n_tokens(vocab))
         template = api.llama_model_chat_template(model, None)
         self.chat_template: str | None = template.decode("utf-8") if template else None

@@ -161,6 +161,28 @@ def _load_pretrained(source: str, torch_dtype):
     return model, tokenizer
 
 
+def load_hf_tokenizer(source: str, location: Path | str) -> Any:
+    """The tokenizer ``load_hf`` would give ``location`` (what ``resolve`` made of ``source``),
+    without the weights."""
+    from draftwise.backends.hf import HFTokenizer
+
+    if source.startswith("tiny:"):
+        from draftwise.backends.tiny import tiny_tokenizer
+
+        return tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+    try:
+        if isinstance(location, Path) and location.is_file():
+            tokenizer = AutoTokenizer.from_pretrained(location.parent, gguf_file=location.name)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(str(location))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {source!r}: {_first_line(exc)}") from exc
+    return HFTokenizer(tokenizer)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

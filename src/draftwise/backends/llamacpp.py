@@ -83,11 +83,12 @@ def library() -> _Library:
 class LlamaCppWeights:
     """One ``llama_model`` (a GGUF file, memory-mapped) shared by every sequence over it."""
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, path: Path, name: str, vocab_only: bool = False) -> None:
         api = library().api
         library().lines.clear()
         params = api.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.vocab_only = vocab_only  # the vocabulary and metadata, not a byte of the weights
         model = api.llama_model_load_from_file(str(path).encode(), params)
         if not model:
             raise ModelLoadError(f"llama.cpp cannot load {path.name}: {library().reason()}")
@@ -105,12 +106,16 @@ class LlamaCppWeights:
         self.n_vocab = int(api.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(api.llama_model_n_ctx_train(model))
         self.file_type = _file_type_name(api, int(api.llama_model_ftype(model)))
+        # The tokenizer keeps the model alive: it may be kept after every sequence is gone.
         self.tokenizer = GGUFTokenizer(api, model, self.vocab, owner=self)
-        # F16 keys and values (llama.cpp's default cache types) of every layer, per position.
+
+    @functools.cached_property
+    def kv_bytes_per_position(self) -> int:
+        """F16 keys and values (llama.cpp's default cache types) of every layer, per position
+        (asked only of a model loaded whole: a vocabulary-only load has no layers)."""
+        api, model = self.api, self.ptr
         head = int(api.llama_model_n_embd(model)) // max(1, int(api.llama_model_n_head(model)))
-        self.kv_bytes_per_position = (
-            2 * 2 * int(api.llama_model_n_layer(model)) * int(api.llama_model_n_head_kv(model)) * head
-        )
+        return 2 * 2 * int(api.llama_model_n_layer(model)) * int(api.llama_model_n_head_kv(model)) * head
 
     def reason(self) -> str:
         """What llama.cpp last said went wrong (see ``_Library.reason``)."""
@@ -245,6 +250,11 @@ def requantized(path: Path, quant: str, threads: int, log: Callable[[str], None]
     finally:
         scratch.unlink(missing_ok=True)
     return out
+
+
+def load_gguf_tokenizer(source: str, path: Path) -> GGUFTokenizer:
+    """The tokenizer of the GGUF file ``path`` (named ``source``) alone: no weights are read."""
+    return LlamaCppWeights(path, source, vocab_only=True).tokenizer
 
 
 def load_llamacpp(

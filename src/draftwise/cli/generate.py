@@ -13,15 +13,18 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from draftwise.cli.options import config_parameters, with_model_options
+from draftwise.cli.options import config_parameters, settings_parameters, with_model_options
 from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, ModelOptions
-from draftwise.errors import ConfigError, TargetError
+from draftwise.errors import ConfigError, ModelLoadError, TargetError
+from draftwise.remote.settings import ClientSettings
 
 STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
 LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
@@ -139,34 +142,61 @@ class _Models:
     tokenizer: Any
 
 
-def _load(
-    target: str, draft: str | None, drafter: DrafterKind, verifier: str | None, models: ModelOptions, console: Any
-) -> _Models:
-    from draftwise.loading import load_lm, load_pair
+@contextmanager
+def _connected(verifier: str | None, settings: ClientSettings | None) -> Iterator[Any]:
+    """The remote target at ``verifier`` (None without one), closed when the run is over."""
+    if verifier is None:
+        yield None
+        return
+    from draftwise.remote.client import connect
 
-    log = console.print
-    if verifier is not None:  # only the draft runs here; it also supplies the tokenizer
+    with connect(verifier, settings=settings) as remote:
+        yield remote
+
+
+def _load_for_remote(target: str, draft: str | None, remote: Any, models: ModelOptions, console: Any) -> _Models:
+    """What runs here when a verifier runs the target: the draft model, which also supplies the
+    tokenizer, or for n-gram drafting (no draft) the tokenizer of ``target`` alone."""
+    from draftwise.loading import load_lm, load_tokenizer
+
+    if draft is not None:
         with console.status(f"loading draft {draft}"):
-            draft_only = load_lm(str(draft), models, draft=True, log=log)
-        return _Models(None, draft_only, draft_only.tokenizer)
+            draft_lm = load_lm(draft, models, draft=True, log=console.print)
+        remote.check_tokenizer(draft_lm.tokenizer)
+        return _Models(None, draft_lm, draft_lm.tokenizer)
+    with console.status(f"loading the tokenizer of {target}"):
+        try:
+            tokenizer = load_tokenizer(target, models)
+        except ModelLoadError as exc:
+            raise ModelLoadError(
+                f"n-gram drafting through a verifier encodes the prompt with its target's tokenizer "
+                f"(--target names where to load it from): {exc}"
+            ) from None
+    remote.check_tokenizer(tokenizer, f"{target}'s")
+    return _Models(None, None, tokenizer)
+
+
+def _load(
+    target: str, draft: str | None, drafter: DrafterKind, remote: Any, models: ModelOptions, console: Any
+) -> _Models:
+    from draftwise.loading import load_pair
+
+    if remote is not None:
+        return _load_for_remote(target, draft, remote, models, console)
+    log = console.print
     with console.status(f"loading {target}" + (f" and draft {draft}" if draft else "")):
         target_lm, draft_lm = load_pair(target, draft if drafter in NEEDS_DRAFT_MODEL else None, models, log=log)
     return _Models(target_lm, draft_lm, target_lm.tokenizer)
 
 
-def _engine(
-    loaded: _Models, drafter: DrafterKind, verifier: str | None, ids: list[int], config: Any, console: Any
-) -> Any:
+def _engine(loaded: _Models, drafter: DrafterKind, remote: Any, ids: list[int], config: Any, console: Any) -> Any:
     """The speculative engine: on the local target (both models warmed up first, their costs
     measured for the cost policy), or on a remote verifier."""
     from draftwise.costs import calibrate
     from draftwise.drafters import build_drafter
     from draftwise.engine import SpeculativeEngine
 
-    if verifier is not None:
-        from draftwise.remote.client import connect
-
-        remote = connect(verifier, tokenizer=loaded.tokenizer)
+    if remote is not None:
         return SpeculativeEngine(remote, build_drafter(drafter, loaded.draft), tokenizer=loaded.tokenizer)
     # One short pass per model first: the first call pages the weights in and picks kernels,
     # a one-off cost that would otherwise be billed to whichever run goes first.
@@ -188,11 +218,14 @@ def _speculate(engine: Any, ids: list[int], config: Any, tokenizer: Any, out: An
 
     colours = TokenColours(tokenizer)
     events = []
-    for event in engine.stream(ids, config):
-        events.append(event)
-        if show:
-            colours.push(event.tokens, event.sources)
-            out.print(colours.render(event.text), end="")
+    # closing: a Ctrl-C while a step prints ends the stream there too (the engine then frees
+    # the target's run, a remote verifier's session), not whenever the stream is collected.
+    with closing(engine.stream(ids, config)) as stream:
+        for event in stream:
+            events.append(event)
+            if show:
+                colours.push(event.tokens, event.sources)
+                out.print(colours.render(event.text), end="")
     return GenerationResult.from_events(ids, events)
 
 
@@ -239,28 +272,51 @@ def _run(
     as_json: bool,
     verifier: str | None,
     models: ModelOptions,
+    client: dict[str, Any],
     values: dict[str, Any],
 ) -> None:
-    from rich.console import Console
-
-    from draftwise.chat import encode_prompt
-    from draftwise.cli.options import config_from_values
-    from draftwise.engine import autoregressive
+    from draftwise.cli.options import config_from_values, settings_from_flags
     from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
     config = config_from_values(values)  # before any model loads: mistakes fail fast
+    remote_settings = settings_from_flags(ClientSettings, verifier is not None, client, "--verifier")
     text = _read_prompt(prompt, file)
+    named = target
     if target is None and draft is None and drafter is None:
         target, draft, drafter = DEFAULT_TARGET, DEFAULT_DRAFT, "hybrid" if DEFAULT_DRAFT else "ngram"
     target = target or DEFAULT_TARGET
     draft, drafter = _choose_drafter(target, draft, drafter)
-    if verifier is not None and (drafter not in NEEDS_DRAFT_MODEL or compare):
-        raise ConfigError("--verifier needs a draft model (--draft) and cannot --compare (the target is remote)")
+    if verifier is not None and compare:
+        raise ConfigError("--verifier cannot --compare: the target is remote")
+    with _connected(verifier, remote_settings) as remote:
+        if remote is not None and draft is None:
+            # n-gram drafting: the prompt is encoded with the target's tokenizer, loaded from
+            # --target, else from where the verifier says it loaded its model.
+            target = named or remote.info.model
+        _generate(text, target, draft, drafter, chat, compare, as_json, remote, models, config)
+
+
+def _generate(
+    text: str,
+    target: str,
+    draft: str | None,
+    drafter: DrafterKind,
+    chat: bool,
+    compare: bool,
+    as_json: bool,
+    remote: Any,
+    models: ModelOptions,
+    config: Any,
+) -> None:
+    from rich.console import Console
+
+    from draftwise.chat import encode_prompt
+    from draftwise.engine import autoregressive
 
     err, out = Console(stderr=True), Console(highlight=False)
-    loaded = _load(target, draft, drafter, verifier, models, err)
+    loaded = _load(target, draft, drafter, remote, models, err)
     ids = encode_prompt(loaded.tokenizer, text, chat)
-    engine = _engine(loaded, drafter, verifier, ids, config, err)
+    engine = _engine(loaded, drafter, remote, ids, config, err)
     label = (
         f"{target} + "
         + {"model": f"{draft} drafter", "ngram": "n-gram drafter", "hybrid": f"n-gram / {draft} hybrid drafter"}[
@@ -271,8 +327,14 @@ def _run(
         err.print(f"[bold]{label}[/]   {LEGEND}")
     result = _speculate(engine, ids, config, loaded.tokenizer, out, show=not as_json)
     baseline = autoregressive(loaded.target).generate(ids, config) if compare else None
-    backend = loaded.target or loaded.draft
-    run = {"target": target, "draft": draft, "drafter": drafter, "backend": backend.backend, "dtype": backend.dtype}
+    here = loaded.target or loaded.draft  # None: n-gram drafting through a verifier runs no model here
+    run = {
+        "target": target,
+        "draft": draft,
+        "drafter": drafter,
+        "backend": here.backend if here is not None else None,
+        "dtype": here.dtype if here is not None else None,
+    }
     _report(result, baseline, config, label, run, as_json, out)
     if result.metrics.finish_reason == "error":  # the verifier refused or went away mid-run
         raise TargetError(
@@ -322,8 +384,9 @@ def register(app: typer.Typer) -> None:
             Optional[str],
             typer.Option(
                 None,
-                help="URL of a `draftwise serve-verifier` running the target: only the draft runs here "
-                "(API key: $DRAFTWISE_VERIFIER_API_KEY)",
+                help="URL of a `draftwise serve-verifier` running the target: only the draft runs here, or "
+                "for --drafter ngram only the target's tokenizer, loaded from --target or else from the model "
+                "name the verifier reports (API key: $DRAFTWISE_VERIFIER_API_KEY)",
             ),
         ),
     ]
@@ -333,10 +396,12 @@ def register(app: typer.Typer) -> None:
         """Generate text with speculative decoding; tokens are coloured by where they came from."""
         models = kwargs.pop("models")
         kwargs.pop("models_given")
-        _run(**{name: kwargs.pop(name) for name in names}, models=models, values=kwargs)
+        client = {name: kwargs.pop(name) for name in ClientSettings.model_fields}
+        _run(**{name: kwargs.pop(name) for name in names}, models=models, client=client, values=kwargs)
 
     generate.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in fixed]
+        + settings_parameters(ClientSettings)  # --reconnect-s: how a run rides out a verifier that goes away
         + config_parameters()
     )
     app.command()(with_model_options()(generate))

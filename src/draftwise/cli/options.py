@@ -37,6 +37,8 @@ __all__ = [
     "flag",
     "given_model_options",
     "note",
+    "settings_from_flags",
+    "settings_parameters",
     "warn_if_exposed",
     "with_cluster_options",
     "with_model_options",
@@ -148,15 +150,28 @@ def with_model_options(skip: Iterable[str] = ()) -> Callable[[Callable[..., Any]
     return decorate
 
 
-def cluster_settings(model: type[BaseModel], enabled: bool, values: dict[str, Any]) -> Any:
-    """``model`` (cluster settings) from the cluster flags given, with ``--ray``; ``None``
-    without it, where a cluster flag is an error rather than silently ignored."""
+def settings_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
+    """Keyword parameters, one per field of ``model``, for a typer command's signature: flags
+    that default to ``None`` (not given), their help naming the field's own default."""
+    return [_parameter(name, field) for name, field in model.model_fields.items()]
+
+
+def settings_from_flags(model: type[BaseModel], enabled: bool, values: dict[str, Any], switch: str) -> Any:
+    """``model`` from the flags given (``values``: ``None`` = not given) when the option
+    ``switch`` that they belong to is on (``enabled``); ``None`` when it is off, where one of
+    those flags is an error rather than silently ignored."""
     given = {name: value for name, value in values.items() if value is not None}
     if not enabled:
         if given:
-            raise ConfigError(f"{', '.join(flag(name) for name in given)} only applies with --ray")
+            raise ConfigError(f"{', '.join(flag(name) for name in given)} only applies with {switch}")
         return None
     return built(model, **given)
+
+
+def cluster_settings(model: type[BaseModel], enabled: bool, values: dict[str, Any]) -> Any:
+    """``model`` (cluster settings) from the cluster flags given, with ``--ray``; ``None``
+    without it, where a cluster flag is an error rather than silently ignored."""
+    return settings_from_flags(model, enabled, values, "--ray")
 
 
 def with_cluster_options(
@@ -183,8 +198,7 @@ def with_cluster_options(
             annotation=bool,
             default=typer.Option(False, "--ray", help=switch_help),
         )
-        extra = [_parameter(name, field) for name, field in model.model_fields.items()]
-        wrapper.__signature__ = signature.replace(parameters=kept + [switch] + extra)  # type: ignore[attr-defined]
+        wrapper.__signature__ = signature.replace(parameters=kept + [switch] + settings_parameters(model))  # type: ignore[attr-defined]
         return wrapper
 
     return decorate

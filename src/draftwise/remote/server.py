@@ -12,6 +12,7 @@ Built by ``create_app(settings)``; all state lives in the app it returns.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import threading
 import time
@@ -27,6 +28,8 @@ import torch
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftwise.config import GenerationConfig, SamplingConfig
@@ -275,6 +278,49 @@ class VerifierService:
         return q
 
 
+# Commas in a valid open-session body besides those between prompt tokens: the separators of
+# its top-level keys and of the sampling settings, with room to spare.
+_OPEN_COMMAS = 16
+
+
+def parse_open_session(body: bytes, max_context: int) -> OpenSession:
+    """The body of ``POST /v1/sessions``, parsed and checked; the route runs it in a worker thread.
+
+    A thread alone does not keep a large body from holding up other requests: pydantic keeps
+    the GIL while it parses, and a body of ``max_body_bytes`` can hold a million numbers (most
+    of a second's work). A prompt has fewer tokens than ``max_context``, so a body with more
+    commas than that (and the sampling settings' few) cannot be valid: it is refused before
+    it is parsed, and what is parsed is at most about ``max_context`` numbers.
+    """
+    limit = max_context + _OPEN_COMMAS
+    if body.count(b",") > limit:  # a quick scan, next to parsing
+        raise VerifierError(
+            422,
+            f"the body holds over {limit} values, more than a session can: this server's max_context of "
+            f"{max_context} leaves room for prompts of at most {max_context - 1} tokens",
+        )
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise VerifierError(400, "the body is not JSON text (not UTF-8)") from None
+    try:
+        return OpenSession.model_validate_json(text)
+    except ValidationError as exc:
+        if any(error["type"] == "json_invalid" for error in exc.errors()):
+            try:  # the standard parser's words, as the other routes give them (web.malformed_json)
+                json.loads(text)
+            except json.JSONDecodeError as bad:
+                raise VerifierError(
+                    400, f"the body is not valid JSON: {bad.msg} at line {bad.lineno} column {bad.colno}"
+                ) from None
+        raise VerifierError(422, validation_message(exc, every=True)) from None
+
+
+def _open_from_body(service: VerifierService, body: bytes) -> SessionOpened:
+    """``POST /v1/sessions`` past the event loop: the body parsed and checked, the session opened."""
+    return service.open(parse_open_session(body, service.max_context))
+
+
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status, headers=headers)
 
@@ -300,6 +346,9 @@ _OPEN_ERRORS = {
     422: "invalid session settings or prompt (the message names the field), or a prompt that "
     "leaves no room under max_context",
 }
+# The open route reads its body itself (see open_session), so FastAPI does not document it.
+_OPEN_BODY = {"$ref": "#/components/schemas/OpenSession"}
+
 _VERIFY_ERRORS = {
     **_AUTH,
     **_BODY,
@@ -349,10 +398,13 @@ def _session_routes(service: VerifierService, authorize: Callable[..., Any]) -> 
         status_code=201,
         tags=["sessions"],
         responses=error_responses(ErrorDetail, _OPEN_ERRORS),
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _OPEN_BODY}}}},
     )
-    def open_session(body: OpenSession) -> SessionOpened:
+    async def open_session(request: Request) -> SessionOpened:
         """Open a session: prefill the prompt (all but its last token) into a fresh KV cache."""
-        return service.open(body)
+        # The body is read here, parsed and checked in the worker thread with the prefill: on the
+        # event loop, a large one would hold up every other request (/health included).
+        return await anyio.to_thread.run_sync(_open_from_body, service, await request.body())
 
     @router.delete(
         "/v1/sessions/{session_id}",
@@ -420,7 +472,26 @@ def create_app(
     authorize = bearer_guard(settings.api_key, lambda message, headers: VerifierError(401, message, headers))
     app.include_router(_session_routes(service, authorize))
     drop_framework_422(app)
+    _document_open_body(app)
     return app
+
+
+def _document_open_body(app: FastAPI) -> None:
+    """Put ``OpenSession`` (and the models it uses) in the OpenAPI document's schemas, for the
+    open route's ``_OPEN_BODY`` to point at."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()  # built once, then cached by FastAPI in app.openapi_schema
+        _, definitions = models_json_schema([(OpenSession, "validation")], ref_template="#/components/schemas/{model}")
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, definition in definitions.get("$defs", {}).items():
+            schemas.setdefault(name, definition)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _sweeping(service: VerifierService, interval: float) -> Callable[[FastAPI], Any]:

@@ -1,4 +1,5 @@
-"""Verifier server settings: the one source of truth; ``serve-verifier`` flags derive from it."""
+"""Remote verification settings, the one source of truth: the server's (``serve-verifier``'s
+flags derive from them) and the client's (``generate --verifier``'s)."""
 
 from __future__ import annotations
 
@@ -45,4 +46,19 @@ class VerifierSettings(BaseModel):
         None,
         description="run as a Ray Serve deployment of this many replicas, sessions routed by their ID "
         "(limits are per replica; host and port are Serve's proxy); None = one process on uvicorn",
+    )
+
+
+class ClientSettings(BaseModel):
+    """What a ``RemoteTarget`` does when its verifier misbehaves: the one source of truth;
+    ``generate --verifier``'s flags derive from it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reconnect_s: float = Field(
+        30.0,
+        ge=0,
+        description="seconds a run keeps retrying (doubling pauses) a verifier that went away (connection "
+        "refused or reset, 502/503/504 from a restart), then carries on in a new session; past that it ends "
+        "with its text so far; 0 = give up at once",
     )
