@@ -102,7 +102,11 @@ def main() -> None:
             alone_s += seconds
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
     tokens = sum(len(o) for o in together)
     print(
         json.dumps(
