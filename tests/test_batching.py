@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from draftwise.backends.llamacpp_batch import Request, _plan
-from draftwise.bench.audit import NEAR_TIE, first_difference
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.loading import llama_cpp_available, load_lm
 from draftwise.registry import REGISTRY, is_pulled
 from draftwise.target import LocalTarget
+from exactness_support import near_tie_or_equal, run_at_once
 
 SMOL = "smollm2-135m"
 PROMPTS = [
@@ -98,45 +98,25 @@ def _config(drafter: bool) -> GenerationConfig:
     return GREEDY.model_copy(update={"draft": DraftConfig(k_policy="fixed", k=4)}) if drafter else GREEDY
 
 
-def _near_tie_or_equal(lm, prompt_ids: list[int], plain: list[int], other: list[int]) -> None:
-    position = first_difference(plain, other)
-    if position is None:
-        return
-    lm.reset()
-    top = lm.forward(prompt_ids + plain[:position], last=1)[0].topk(2).values
-    gap = float(top[0] - top[1])
-    assert gap < NEAR_TIE, f"outputs part at token {position} where the top-2 logit gap is {gap:.3f}"
-
-
 @needs_model
 @pytest.mark.parametrize("drafter", [False, True], ids=["plain", "ngram"])
 def test_concurrent_streams_share_passes_and_give_the_tokens_they_give_alone(alone, shared, drafter):
     expected = [_alone(alone, p, drafter) for p in PROMPTS]
     sequences = [shared, *(shared.fork() for _ in PROMPTS[1:])]
-    outputs: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
     before = (shared.batcher.stats.passes, shared.batcher.stats.sequences)
 
-    def run(i: int) -> None:
-        try:
-            lm = sequences[i]
-            engine = SpeculativeEngine(LocalTarget(lm), NGramDrafter() if drafter else None, lm.tokenizer)
-            outputs[i] = engine.generate(lm.tokenizer.encode(PROMPTS[i]), _config(drafter)).tokens
-        except BaseException as exc:  # handed to the test thread
-            errors.append(exc)
+    def run(i: int) -> list[int]:
+        lm = sequences[i]
+        engine = SpeculativeEngine(LocalTarget(lm), NGramDrafter() if drafter else None, lm.tokenizer)
+        return engine.generate(lm.tokenizer.encode(PROMPTS[i]), _config(drafter)).tokens
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    assert not errors, errors
+    outputs = run_at_once(run, len(PROMPTS))
     passes = shared.batcher.stats.passes - before[0]
     served = shared.batcher.stats.sequences - before[1]
     assert served > passes  # passes were shared: more than one sequence per pass on average
     for i, prompt in enumerate(PROMPTS):
         assert len(outputs[i]) == GREEDY.max_new_tokens
-        _near_tie_or_equal(alone, alone.tokenizer.encode(prompt), expected[i], outputs[i])
+        near_tie_or_equal(alone, alone.tokenizer.encode(prompt), expected[i], outputs[i])
 
 
 @needs_model
@@ -200,7 +180,7 @@ def test_serve_batches_concurrent_requests_and_frees_a_cancelled_slot(tmp_path, 
         assert httpx.get(f"{url}/health").json()["active"] == 0
     for prompt, batched, by_itself in zip(PROMPTS, together, one_by_one):
         assert batched and by_itself
-        _near_tie_or_equal(alone, alone.tokenizer.encode(prompt), by_itself, batched)
+        near_tie_or_equal(alone, alone.tokenizer.encode(prompt), by_itself, batched)
 
 
 @needs_model
@@ -214,29 +194,19 @@ def test_concurrent_sessions_of_a_verifier_share_passes(alone):
     verifier_lm = load_lm(SMOL, ModelOptions(backend="llamacpp", threads=2, context=512), slots=5)
     app = create_app(VerifierSettings(target=SMOL, slots=4), lm=verifier_lm)
     expected = [_alone(alone, p, drafter=True) for p in PROMPTS]
-    outputs: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
     with serve_in_background(app) as url:
 
-        def run(i: int) -> None:
-            try:
-                with connect(url, tokenizer=alone.tokenizer) as target:
-                    engine = SpeculativeEngine(target, NGramDrafter(), alone.tokenizer)
-                    outputs[i] = engine.generate(alone.tokenizer.encode(PROMPTS[i]), _config(True)).tokens
-            except BaseException as exc:  # handed to the test thread
-                errors.append(exc)
+        def run(i: int) -> list[int]:
+            with connect(url, tokenizer=alone.tokenizer) as target:
+                engine = SpeculativeEngine(target, NGramDrafter(), alone.tokenizer)
+                return engine.generate(alone.tokenizer.encode(PROMPTS[i]), _config(True)).tokens
 
         before = (verifier_lm.batcher.stats.passes, verifier_lm.batcher.stats.sequences)
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=600)
-    assert not errors, errors
+        outputs = run_at_once(run, len(PROMPTS))
     passes = verifier_lm.batcher.stats.passes - before[0]
     assert verifier_lm.batcher.stats.sequences - before[1] > passes  # sessions' verifies shared passes
     for i, prompt in enumerate(PROMPTS):
-        _near_tie_or_equal(alone, alone.tokenizer.encode(prompt), expected[i], outputs[i])
+        near_tie_or_equal(alone, alone.tokenizer.encode(prompt), expected[i], outputs[i])
 
 
 @needs_model

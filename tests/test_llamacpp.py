@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from draftwise import DraftConfig, GenerationConfig, NGramDrafter, SamplingConfig, SpeculativeEngine, autoregressive
-from draftwise.bench.audit import NEAR_TIE, first_difference
 from draftwise.config import ModelOptions
 from draftwise.drafters import EMPTY_PROPOSAL, Proposal
 from draftwise.errors import DraftwiseError, IncompatibleModelsError, ModelLoadError
@@ -23,6 +22,7 @@ from draftwise.loading import choose_backend, llama_cpp_available, load_lm, load
 from draftwise.policies import Offer
 from draftwise.registry import REGISTRY, is_pulled, model_path
 from draftwise.verify import logits_to_probs
+from exactness_support import near_tie_or_equal
 from test_sampling_stats import ALPHA, as_dist, chi2_pvalue
 
 pytestmark = [
@@ -118,18 +118,6 @@ def test_forks_share_the_weights_and_keep_their_own_caches(smol):
     assert smol.tokens == [1, 2, 3, 4] and fork.tokens == [5, 6]
 
 
-def _near_tie_or_equal(lm, prompt_ids: list[int], plain: list[int], other: list[int]) -> None:
-    """``other`` equals ``plain``, or first differs where the target's top two logits are
-    nearly tied (one-token decoding of ``plain``'s own prefix)."""
-    position = first_difference(plain, other)
-    if position is None:
-        return
-    lm.reset()
-    top = lm.forward(prompt_ids + plain[:position], last=1)[0].topk(2).values
-    gap = float(top[0] - top[1])
-    assert gap < NEAR_TIE, f"outputs part at token {position} where the top-2 logit gap is {gap:.3f}"
-
-
 class RandomDrafter:
     """Proposes random tokens: almost always wrong, so most steps verify a rejected block."""
 
@@ -161,7 +149,7 @@ def test_greedy_speculation_equals_plain_decoding_up_to_near_ties(smol, drafter)
     plain = autoregressive(smol).generate(ids, config)
     draft = {"self": smol.fork(), "random": RandomDrafter(smol.vocab_size), "ngram": NGramDrafter()}[drafter]
     spec = SpeculativeEngine.from_models(smol, draft).generate(ids, config)
-    _near_tie_or_equal(smol, ids, plain.tokens, spec.tokens)
+    near_tie_or_equal(smol, ids, plain.tokens, spec.tokens)
     if drafter == "self":
         assert spec.metrics.acceptance_rate > 0.9  # the target drafting for itself
     if drafter == "random":
