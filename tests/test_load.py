@@ -315,6 +315,17 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], done.stderr
 
 
+def test_a_run_without_one_answer_stops_the_benchmark_in_one_line(tmp_path):
+    # More tokens than the tiny model's context: draftwise refuses every request with a 400.
+    args = ["--target", "tiny:0", "--servers", "draftwise", "--data", "none", "--limit", "1", "--max-tokens", "100000"]
+    done = run_cli("load", *args, "--concurrency", "1", "--out", str(tmp_path), "--no-progress")
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: draftwise C=1: every request failed, the first with HTTP 400"), done.stderr
+    assert "context_length_exceeded" in last
+    assert not (tmp_path / "results.jsonl").exists()  # nothing measured, nothing stored
+
+
 def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 

@@ -75,6 +75,8 @@ class LoadBench:
         from draftwise.loading import resolve
 
         if self.config.url is not None:
+            if self.config.audit:
+                resolve(self.config.target)  # loaded here at the end, to score differing answers
             return
         resolve(self.config.target)
         if self.config.draft_model is not None:
@@ -111,6 +113,9 @@ class LoadBench:
             answers, wall = run_level(
                 base, model, self.prompts, level, config.max_tokens, config.request_timeout, lambda a: advance()
             )
+        failed = [a for a in answers if not a.ok]
+        if len(failed) == len(answers):  # nothing measured: say why rather than store it
+            raise LoadError(f"{name} C={level}: every request failed, the first with {failed[0].error}")
         run_id = uuid.uuid4().hex[:12]
         run = {
             "key": f"{self.config_hash}/{name}/{level}/{run_id}",
@@ -127,7 +132,6 @@ class LoadBench:
         for answer in answers:
             self.store.append(request_record(answer, run))
         self.store.append(run)
-        failed = [a for a in answers if not a.ok]
         if failed:
             self.log(f"{name} C={level}: {len(failed)} request(s) failed, the first: {failed[0].error}")
         return run

@@ -194,4 +194,4 @@ def llama_server_version(config: LoadConfig) -> str | None:
     except (LoadError, OSError, subprocess.TimeoutExpired):
         return None
     lines = [x.strip() for x in (done.stdout + done.stderr).splitlines() if x.strip().startswith("version")]
-    return lines[0] if lines else None
+    return lines[0].removeprefix("version:").strip() if lines else None
