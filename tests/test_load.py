@@ -34,7 +34,7 @@ from draftwise.loadbench.stats import (
 )
 from draftwise.registry import REGISTRY, is_pulled
 
-from cli_support import run_cli
+from cli_support import cli_server, run_cli
 
 SMOL = "smollm2-135m"
 LLAMA_BIN = os.environ.get("DRAFTWISE_LLAMA_CPP_BIN")
@@ -367,6 +367,15 @@ def test_a_tiny_run_through_the_cli_reports_and_resumes(tmp_path):
     again = run_cli("load", *args, "--concurrency", "1,2", "--out", str(out), "--no-progress")
     assert again.returncode == 0 and "0 run(s) to do" in again.stderr, again.stderr
     assert _records(out) == before  # finished runs are not measured again
+
+
+def test_a_running_server_is_driven_through_its_url(tmp_path):
+    with cli_server(["serve", "--target", "tiny:0", "--slots", "2"], "/health", tmp_path / "serve.log") as (url, _):
+        args = ["--url", url, "--servers", "draftwise", "--target", "tiny:0", "--data", "none", "--limit", "2"]
+        summary = _load(tmp_path / "run", *args, "--max-tokens", "8")
+    _check_run(tmp_path / "run", summary, ["draftwise"], 2)
+    assert all(command == f"running server at {url}" for _, _, command in summary["commands"])
+    assert not (tmp_path / "run" / "logs").exists()  # nothing was started
 
 
 needs_smol = pytest.mark.skipif(not is_pulled(REGISTRY[SMOL]), reason=f"needs `draftwise pull {SMOL}`")
