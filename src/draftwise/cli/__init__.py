@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 
-from draftwise.cli import bench, dashboard, generate, models, serve, verifier
+from draftwise.cli import bench, dashboard, generate, load, models, serve, verifier
 from draftwise.errors import DraftwiseError
 
 DEBUG_ENV = "DRAFTWISE_DEBUG"  # set to 1: errors come with their traceback
@@ -86,7 +86,7 @@ def build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
     )
     app.callback()(_root)
-    for module in (generate, models, serve, verifier, bench, dashboard):
+    for module in (generate, models, serve, verifier, bench, load, dashboard):
         module.register(app)
     for info in app.registered_commands:
         if info.callback is not None:

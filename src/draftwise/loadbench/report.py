@@ -1,0 +1,208 @@
+"""The load benchmark's files: ``config.json`` (what ran where), ``report.md`` (the tables) and
+``summary.json`` (the same numbers for programs)."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from draftwise.bench.audit import NEAR_TIE
+from draftwise.loadbench.config import LoadConfig
+from draftwise.loadbench.prompts import LoadPrompt
+
+CONFIG = "config.json"
+REPORT = "report.md"
+SUMMARY = "summary.json"
+# The CPU features that decide llama.cpp's and torch's kernels: AVX2, every AVX-512 part, AMX.
+FLAG_PREFIXES = ("avx2", "avx512", "amx")
+
+
+def cpu_flags(cpuinfo: str) -> list[str]:
+    """The vector and matrix extensions among the first ``flags`` line of /proc/cpuinfo."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(FLAG_PREFIXES))
+    return []
+
+
+def machine() -> dict[str, Any]:
+    from draftwise.bench.report import node_info
+
+    info = node_info()
+    cpuinfo = Path("/proc/cpuinfo")
+    text = cpuinfo.read_text() if cpuinfo.exists() else ""
+    return {"cpu": info["cpu"], "cores": info["cores"], "cpu_flags": cpu_flags(text), "platform": platform.platform()}
+
+
+def versions(llama_server: str | None) -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from draftwise import __version__
+
+    found: dict[str, Any] = {"draftwise": __version__, "python": platform.python_version()}
+    for package in ("llama_cpp_python", "torch", "transformers", "httpx"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    found["llama-server"] = llama_server
+    return found
+
+
+def subtask_counts(prompts: Sequence[LoadPrompt]) -> dict[str, int]:
+    return dict(Counter(p.subtask for p in prompts))
+
+
+def write_config(config: LoadConfig, command: str, date: str, prompts: Sequence[LoadPrompt], llama: str | None) -> Path:
+    """``config.json``: the command, the settings, the prompts, the machine and the versions."""
+    path = config.out / CONFIG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "command": command,
+        "date": date,
+        "config": config.model_dump(mode="json"),
+        "config_hash": config.results_hash(),
+        "draft_model": config.draft_model,
+        "threads": config.threads,
+        "prompts": {"count": len(prompts), "by_subtask": subtask_counts(prompts)},
+        "machine": machine(),
+        "versions": versions(llama),
+    }
+    path.write_text(json.dumps(body, indent=2) + "\n")
+    return path
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    return "n/a" if value is None else f"{value:{spec}}"
+
+
+def _identical(row: dict[str, Any]) -> str:
+    if row["concurrency"] == 1:
+        return "(reference)"
+    if row["compared_to_alone"] is None:
+        return "n/a (no C=1 run)"
+    return f"{row['identical_to_alone']}/{row['compared_to_alone']}"
+
+
+def rows_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| server | C | requests | errors | tokens | wall s | tok/s | request tok/s p50 | TTFT p50 s | TTFT p95 s "
+        "| latency p50 s | latency p95 s | identical to alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['server']} | {r['concurrency']} | {r['requests']} | {r['errors']} | {r['completion_tokens']} "
+            f"| {_fmt(r['wall_s'], '.1f')} | {_fmt(r['tok_s'], '.1f')} | {_fmt(r['request_tok_s_p50'], '.1f')} "
+            f"| {_fmt(r['ttft_p50_s'], '.3f')} | {_fmt(r['ttft_p95_s'], '.3f')} | {_fmt(r['latency_p50_s'], '.2f')} "
+            f"| {_fmt(r['latency_p95_s'], '.2f')} | {_identical(r)} |"
+        )
+    return lines
+
+
+def ratio_table(ratios: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["| C | draftwise tok/s | best llama-server | its tok/s | draftwise / best |", "|---|---|---|---|---|"]
+    for r in ratios:
+        lines.append(
+            f"| {r['concurrency']} | {_fmt(r['draftwise_tok_s'], '.1f')} | {r['best'] or 'n/a'} "
+            f"| {_fmt(r['best_tok_s'], '.1f')} | {_fmt(r['ratio'], '.2f')}{'x' if r['ratio'] is not None else ''} |"
+        )
+    return lines
+
+
+def mismatch_section(audits: Sequence[dict[str, Any]] | None, compared: int) -> list[str]:
+    if audits is None:
+        return ["Not audited (--no-audit): see the table above for how many answers differ."]
+    if not audits:
+        return [f"None: every one of the {compared} answers compared is identical to its answer alone."]
+    ties = sum(a["near_tie"] for a in audits)
+    lines = [
+        f"{len(audits)} of {compared} answers differ from their answer alone; {ties} of them first differ at a "
+        f"near tie (top-2 logit gap < {NEAR_TIE}), where batched kernels may round either way.",
+        "",
+        "| server | C | prompt | token | alone | loaded | top-2 gap | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for a in audits:
+        verdict = "near tie" if a["near_tie"] else ("unknown" if a["top2_gap"] is None else "CLEAR PREFERENCE")
+        lines.append(
+            f"| {a['server']} | {a['concurrency']} | {a['prompt_id']} | {_fmt(a['position'], 'd')} "
+            f"| {json.dumps(a['alone_token'])} | {json.dumps(a['loaded_token'])} | {_fmt(a['top2_gap'], '.3f')} "
+            f"| {verdict} |"
+        )
+    return lines
+
+
+METHOD = """Each server runs as a child process on 127.0.0.1 (one start per server and concurrency C,
+with C slots), gets one untimed warm-up request, then C streaming clients share the prompt list:
+each client sends the next unsent prompt as soon as its previous answer has ended, until every
+prompt was sent once. Code prompts go raw to `/v1/completions`, chat prompts as one user message
+to `/v1/chat/completions`; greedy (temperature 0), the same `max_tokens`, no `ignore_eos` (draftwise's
+API has none), so an answer may end early at the model's end of turn.
+
+- tok/s: the run's completion tokens (the servers' own `usage` counts) over its wall time, from the
+  first request sent to the last stream ended.
+- request tok/s: one request's completion tokens over its latency (prefill included).
+- TTFT: to the first chunk that carries text; latency: to the end of the stream.
+- identical to alone: the answer's text equals the same prompt's answer on the same server at C = 1.
+  Where it differs, both texts are tokenized with the target's tokenizer and the target (loaded in
+  the benchmark's process) gives its top-2 logit gap before the first differing token."""
+
+
+def _header(config: LoadConfig, info: dict[str, Any], prompts: Sequence[LoadPrompt]) -> list[str]:
+    m, v = info["machine"], info["versions"]
+    by_subtask = ", ".join(f"{k} {n}" for k, n in subtask_counts(prompts).items())
+    return [
+        f"# draftwise load: {config.target} (draft: {config.draft_model or 'none'})",
+        "",
+        f"- draftwise's drafter: {config.drafter or 'what draftwise serve picks for these models'}",
+        f"- command: `{info['command']}`",
+        f"- date: {info['date']}",
+        f"- machine: {m['cpu']}, {m['cores']} cores, flags {' '.join(m['cpu_flags']) or 'none'}",
+        f"- versions: draftwise {v['draftwise']}, llama-cpp-python {v['llama_cpp_python']}, "
+        f"llama-server {v['llama-server'] or 'n/a'}",
+        f"- threads {config.threads}, context {config.context} per slot, max_tokens {config.max_tokens}, greedy",
+        f"- prompts: {len(prompts)} ({by_subtask}), each sent once per server and concurrency",
+    ]
+
+
+def write_report(
+    config: LoadConfig,
+    info: dict[str, Any],
+    prompts: Sequence[LoadPrompt],
+    summary: dict[str, Any],
+) -> Path:
+    """``report.md`` and ``summary.json`` from the summary of the finished runs."""
+    rows, audits = summary["rows"], summary["mismatches"]
+    compared = sum(r["compared_to_alone"] or 0 for r in rows)
+    commands = [f"  - {name} (C={level}): `{command}`" for name, level, command in summary["commands"]]
+    lines = [
+        *_header(config, info, prompts),
+        "- server commands:",
+        *commands,
+        "",
+        "## Throughput and latency per server and concurrency",
+        "",
+        *rows_table(rows),
+        "",
+        "## draftwise against the best llama-server configuration",
+        "",
+        *ratio_table(summary["against_llama"]),
+        "",
+        "## Answers that differ from the same request alone",
+        "",
+        *mismatch_section(audits, compared),
+        "",
+        "## How it was measured",
+        "",
+        METHOD,
+        "",
+    ]
+    path = config.out / REPORT
+    path.write_text("\n".join(lines))
+    (config.out / SUMMARY).write_text(json.dumps({**info, **summary}, indent=2) + "\n")
+    return path

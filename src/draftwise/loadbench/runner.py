@@ -1,0 +1,189 @@
+"""Running the load benchmark: every server at every concurrency, then the report.
+
+A run is one (server, C): the server started with C slots, one warm-up request, every prompt
+sent once by C clients. Its records (one per request, then one for the run) are written to
+``results.jsonl`` when it ends, so an interrupted benchmark keeps its finished runs and the
+same command later runs only the missing ones (a run cut short leaves requests without a run
+record, which are ignored).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from draftwise.bench.store import ResultStore
+from draftwise.loadbench.client import Answer, run_level
+from draftwise.loadbench.config import LLAMA_SERVERS, LoadConfig, LoadError
+from draftwise.loadbench.prompts import LoadPrompt, load_prompts
+from draftwise.loadbench.servers import Server, llama_server_version, running, served_model, server_for
+from draftwise.loadbench.stats import Run, RunKey, against_llama, alone_texts, finished_runs, mismatches, summarize
+
+RESULTS = "results.jsonl"
+LOGS = "logs"
+WARMUP_TOKENS = 8
+Log = Callable[[str], None]
+
+
+def request_record(answer: Answer, run: dict[str, Any]) -> dict[str, Any]:
+    p = answer.prompt
+    return {
+        "key": f"{run['key']}/{p.id}",
+        "kind": "request",
+        **{k: run[k] for k in ("config_hash", "run_id", "server", "concurrency")},
+        "prompt_id": p.id,
+        "subtask": p.subtask,
+        "chat": p.chat,
+        "start_s": answer.start_s,
+        "status": answer.status,
+        "ok": answer.ok,
+        "error": answer.error,
+        "ttft_s": answer.ttft_s,
+        "latency_s": answer.latency_s,
+        "completion_tokens": answer.completion_tokens,
+        "finish_reason": answer.finish_reason,
+        "text": answer.text,
+    }
+
+
+class LoadBench:
+    """One benchmark over a configuration; ``run`` measures, ``summary`` sums up."""
+
+    def __init__(self, config: LoadConfig, log: Log = lambda line: None) -> None:
+        self.config = config
+        self.log = log
+        self.prompts: list[LoadPrompt] = load_prompts(config)
+        self.config_hash = config.results_hash()
+        self.store = ResultStore(config.out / RESULTS)
+
+    def finished(self) -> dict[RunKey, Run]:
+        """The finished runs this configuration asks for."""
+        runs = finished_runs(self.store.records(), self.config_hash)
+        wanted = {(s, c) for s in self.config.servers for c in self.config.concurrency}
+        return {key: run for key, run in runs.items() if key in wanted}
+
+    def pending(self) -> list[RunKey]:
+        done = self.finished()
+        return [(s, c) for s in self.config.servers for c in self.config.concurrency if (s, c) not in done]
+
+    def check(self) -> None:
+        """Fail before anything starts: models not pulled, binaries or files missing."""
+        from draftwise.loading import resolve
+
+        if self.config.url is not None:
+            if self.config.audit:
+                resolve(self.config.target)  # loaded here at the end, to score differing answers
+            return
+        resolve(self.config.target)
+        if self.config.draft_model is not None:
+            resolve(self.config.draft_model)
+        for name in dict.fromkeys(s for s, _ in self.pending()):
+            server_for(name, self.config, 1)
+
+    @contextmanager
+    def _serving(self, name: str, level: int) -> Iterator[tuple[str, str, str]]:
+        """(base URL, model id, command) of ``name`` with ``level`` slots, for as long as needed."""
+        if self.config.url is not None:
+            base = self.config.url.rstrip("/")
+            yield base, served_model(base), f"running server at {base}"
+            return
+        server: Server = server_for(name, self.config, level)
+        log = self.config.out / LOGS / f"{name}-c{level}.log"
+        self.log(f"starting {name} with {level} slot(s) (log: {log})")
+        with running(server, log, self.config.startup_timeout) as base:
+            yield base, server.model, server.shown
+
+    def _warm_up(self, base: str, model: str, name: str) -> None:
+        """One short untimed request; a server that cannot answer it stops the benchmark."""
+        tokens = min(WARMUP_TOKENS, self.config.max_tokens)
+        answers, _ = run_level(base, model, self.prompts[:1], 1, tokens, self.config.request_timeout)
+        if not answers[0].ok:
+            raise LoadError(f"{name} failed the warm-up request: {answers[0].error}")
+
+    def run_one(self, name: str, level: int, advance: Callable[[], None]) -> dict[str, Any]:
+        """Measure ``name`` at concurrency ``level``; its records are stored when it ends."""
+        config = self.config
+        with self._serving(name, level) as (base, model, command):
+            if config.warmup:
+                self._warm_up(base, model, name)
+            answers, wall = run_level(
+                base, model, self.prompts, level, config.max_tokens, config.request_timeout, lambda a: advance()
+            )
+        failed = [a for a in answers if not a.ok]
+        if len(failed) == len(answers):  # nothing measured: say why rather than store it
+            raise LoadError(f"{name} C={level}: every request failed, the first with {failed[0].error}")
+        run_id = uuid.uuid4().hex[:12]
+        run = {
+            "key": f"{self.config_hash}/{name}/{level}/{run_id}",
+            "kind": "run",
+            "config_hash": self.config_hash,
+            "run_id": run_id,
+            "server": name,
+            "concurrency": level,
+            "wall_s": wall,
+            "requests": len(answers),
+            "command": command,
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        for answer in answers:
+            self.store.append(request_record(answer, run))
+        self.store.append(run)
+        if failed:
+            self.log(f"{name} C={level}: {len(failed)} request(s) failed, the first: {failed[0].error}")
+        return run
+
+    def summary(self) -> dict[str, Any]:
+        """Rows per (server, C), draftwise against llama-server, and the audited mismatches."""
+        runs = self.finished()
+        rank: dict[str, int] = {name: i for i, name in enumerate(self.config.servers)}
+        ordered = sorted(runs, key=lambda k: (rank[k[0]], k[1]))
+        needs_count = any(r["ok"] and r["completion_tokens"] is None for run in runs.values() for r in run.requests)
+        found = mismatches(runs)
+        lm = self._target() if needs_count or (self.config.audit and found) else None
+        count = (lambda text: len(lm.tokenizer.encode(text, add_special_tokens=False))) if lm is not None else None
+        rows = [summarize(runs[key], alone_texts(runs, key[0]), count) for key in ordered]
+        audits = None
+        if self.config.audit:
+            from draftwise.loadbench.audit import audit
+
+            audits = audit(lm, self.prompts, found) if found else []
+        commands = [(key[0], key[1], runs[key].record["command"]) for key in ordered]
+        return {"rows": rows, "against_llama": against_llama(rows), "mismatches": audits, "commands": commands}
+
+    def _target(self) -> Any:
+        from draftwise.loading import load_lm
+
+        self.log(f"loading {self.config.target} here to score the answers that differ from alone")
+        options = self.config.models.model_copy(update={"threads": self.config.threads, "context": self.config.context})
+        return load_lm(self.config.target, options)
+
+
+def run_load(config: LoadConfig, command: str, progress: Any = None, log: Log = lambda line: None) -> Path:
+    """The whole benchmark: the runs still missing, then ``report.md``; returns its path."""
+    from draftwise.loadbench.report import write_config, write_report
+
+    bench = LoadBench(config, log)
+    bench.check()
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    wants_llama = config.url is None and bool(LLAMA_SERVERS & set(config.servers))
+    llama = llama_server_version(config) if wants_llama else None
+    write_config(config, command, date, bench.prompts, llama)
+    pending = bench.pending()
+    levels = ",".join(map(str, config.concurrency))
+    log(
+        f"load: {len(pending)} run(s) to do ({', '.join(config.servers)} at C={levels}; "
+        f"{len(bench.prompts)} prompts, {config.max_tokens} tokens) -> {config.out}"
+    )
+    task = progress.add_task("load", total=len(pending) * len(bench.prompts)) if progress is not None else None
+    for name, level in pending:
+        if progress is not None:
+            progress.update(task, description=f"{name} C={level}")
+        bench.run_one(name, level, lambda: progress.advance(task) if progress is not None else None)
+    from draftwise.loadbench.report import machine, versions
+
+    info = {"command": command, "date": date, "machine": machine(), "versions": versions(llama)}
+    return write_report(config, info, bench.prompts, bench.summary())

@@ -1,0 +1,147 @@
+"""From the records of finished runs to the numbers of the report.
+
+Per (server, C): aggregate tokens/s (every completion token of the run over the run's wall
+time, from the first request sent to the last stream ended), the median of each request's
+own tokens/s (its completion tokens over its latency), time to first token and latency at
+p50 and p95, and how many answers are identical to the same request run alone (C = 1 on the
+same server). Percentiles interpolate linearly between the nearest ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from draftwise.loadbench.config import LLAMA_SERVERS
+
+Record = dict[str, Any]
+RunKey = tuple[str, int]  # (server, concurrency)
+Count = Callable[[str], int]  # tokens of a text, where a server did not count them
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) of ``values``, linear between ranks; None if empty."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    position = q / 100 * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished run: its own record and its requests' records."""
+
+    record: Record
+    requests: list[Record]
+
+    @property
+    def key(self) -> RunKey:
+        return self.record["server"], self.record["concurrency"]
+
+
+def finished_runs(records: Iterable[Record], config_hash: str) -> dict[RunKey, Run]:
+    """The runs of this configuration that ended, each with its requests; a run interrupted
+    before its end left requests without a run record, which are left out."""
+    runs: dict[str, Record] = {}
+    requests: dict[str, list[Record]] = {}
+    for record in records:
+        if record.get("config_hash") != config_hash:
+            continue
+        if record["kind"] == "run":
+            runs[record["run_id"]] = record
+        elif record["kind"] == "request":
+            requests.setdefault(record["run_id"], []).append(record)
+    finished = {}
+    for run_id, run in runs.items():  # the file's order: a later run of the same key wins
+        finished[(run["server"], run["concurrency"])] = Run(run, requests.get(run_id, []))
+    return finished
+
+
+def tokens_of(request: Record, count: Count | None) -> int:
+    if request.get("completion_tokens") is not None:
+        return int(request["completion_tokens"])
+    if count is None:
+        raise ValueError(f"request {request['key']} has no token count and there is no tokenizer to count")
+    return count(request["text"])
+
+
+def alone_texts(runs: dict[RunKey, Run], server: str) -> dict[str, str] | None:
+    """Each prompt's answer on ``server`` at C = 1 (the reference); None without that run."""
+    alone = runs.get((server, 1))
+    if alone is None:
+        return None
+    return {r["prompt_id"]: r["text"] for r in alone.requests if r["ok"]}
+
+
+def summarize(run: Run, alone: dict[str, str] | None, count: Count | None = None) -> dict[str, Any]:
+    """One row of the report: the numbers of one (server, C)."""
+    ok = [r for r in run.requests if r["ok"]]
+    tokens = [tokens_of(r, count) for r in ok]
+    wall = run.record["wall_s"]
+    rates = [n / r["latency_s"] for n, r in zip(tokens, ok) if r["latency_s"] > 0]
+    ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
+    latency = [r["latency_s"] for r in ok]
+    compared = identical = None
+    if alone is not None and run.key[1] != 1:
+        pairs = [(r["text"], alone[r["prompt_id"]]) for r in ok if r["prompt_id"] in alone]
+        compared, identical = len(pairs), sum(a == b for a, b in pairs)
+    return {
+        "server": run.key[0],
+        "concurrency": run.key[1],
+        "requests": len(run.requests),
+        "errors": len(run.requests) - len(ok),
+        "completion_tokens": sum(tokens),
+        "wall_s": wall,
+        "tok_s": sum(tokens) / wall if wall > 0 else None,
+        "request_tok_s_p50": percentile(rates, 50),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p95_s": percentile(ttft, 95),
+        "latency_p50_s": percentile(latency, 50),
+        "latency_p95_s": percentile(latency, 95),
+        "compared_to_alone": compared,
+        "identical_to_alone": identical,
+    }
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A loaded answer that differs from the same request's answer alone."""
+
+    server: str
+    concurrency: int
+    prompt_id: str
+    alone: str
+    loaded: str
+
+
+def mismatches(runs: dict[RunKey, Run]) -> list[Mismatch]:
+    """Every answer at C > 1 that differs from its server's answer at C = 1."""
+    found = []
+    for (server, level), run in sorted(runs.items()):
+        alone = alone_texts(runs, server)
+        if alone is None or level == 1:
+            continue
+        for r in run.requests:
+            if r["ok"] and r["prompt_id"] in alone and r["text"] != alone[r["prompt_id"]]:
+                found.append(Mismatch(server, level, r["prompt_id"], alone[r["prompt_id"]], r["text"]))
+    return found
+
+
+def against_llama(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency: draftwise's aggregate tokens/s over the best llama-server
+    configuration's (None where either is missing)."""
+    out = []
+    for level in sorted({row["concurrency"] for row in rows}):
+        at = {row["server"]: row for row in rows if row["concurrency"] == level}
+        mine = at.get("draftwise", {}).get("tok_s")
+        theirs = [(row["tok_s"], name) for name, row in at.items() if name in LLAMA_SERVERS and row["tok_s"]]
+        best_tok_s, best = max(theirs) if theirs else (None, None)
+        ratio = mine / best_tok_s if mine is not None and best_tok_s else None
+        out.append(
+            {"concurrency": level, "draftwise_tok_s": mine, "best": best, "best_tok_s": best_tok_s, "ratio": ratio}
+        )
+    return out
