@@ -21,6 +21,7 @@ import os
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,11 @@ class _Library:
         self._on_log = on_log  # ctypes calls it for as long as the process lives
         llama_cpp.llama_log_set(on_log, None)
         llama_cpp.llama_backend_init()
+        # Every llama_decode of the process runs on this one thread. ggml's CPU kernels run on
+        # an OpenMP team per calling thread; two threads taking turns (a target's passes and
+        # its draft's) keep two teams that compete for the cores, and passes ran up to twice
+        # as slow so. One caller keeps one team.
+        self.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-ggml")
 
     def reason(self) -> str:
         """What llama.cpp said went wrong, for an error message: its last line that names an
@@ -106,6 +112,7 @@ class LlamaCppWeights:
         self.n_vocab = int(api.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(api.llama_model_n_ctx_train(model))
         self.file_type = _file_type_name(api, int(api.llama_model_ftype(model)))
+        self.decoder = library().decoder
         # The tokenizer keeps the model alive: it may be kept after every sequence is gone.
         self.tokenizer = GGUFTokenizer(api, model, self.vocab, owner=self)
 

@@ -151,6 +151,7 @@ class _Context:
             )
         self.api = api
         self.weights = weights
+        self.decoder = weights.decoder  # the process's one thread for llama_decode (see _Library)
         self.ctx = ctx
         self.n_ctx = int(api.llama_n_ctx(ctx)) // slots
         self.memory = api.llama_get_memory(ctx)
@@ -186,7 +187,7 @@ class _Context:
             outputs.append((request, max(0, first + take - out_from)))
         self.batch.n_tokens = n
         started = time.perf_counter()
-        status = self.api.llama_decode(self.ctx, self.batch)
+        status = self.decoder.submit(self.api.llama_decode, self.ctx, self.batch).result()
         if status != 0:
             raise RuntimeError(f"llama_decode failed ({status}) on {self.weights.name}: {self.weights.reason()}")
         seconds = time.perf_counter() - started
