@@ -15,7 +15,7 @@ import typer
 
 from draftwise.bench.config import METHODS, BenchConfig
 from draftwise.bench.dataset import SPEC_BENCH_SUBTASKS
-from draftwise.cli.options import field_option, with_cluster_options, with_model_options
+from draftwise.cli.options import field_option, progress_bar, with_cluster_options, with_model_options
 from draftwise.cluster.settings import BenchWorkers
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.errors import built
@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
 def _run(config: BenchConfig, progress: bool) -> None:
     """Run the bench with a progress bar; an interrupted run keeps what it finished."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import TextColumn
 
     from draftwise.bench.runner import Bench, run_bench
 
@@ -134,15 +134,7 @@ def _run(config: BenchConfig, progress: bool) -> None:
             f"bench: {pending} runs to do ({config.target} / {config.draft}, "
             f"{config.generation.max_new_tokens} tokens) -> {config.out}"
         )
-        bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("[cyan]{task.fields[speedup]}"),
-            console=console,
-            disable=not progress,
-        )
+        bar = progress_bar(console, progress, TextColumn("[cyan]{task.fields[speedup]}"))
         with bar:
             report = run_bench(config, command=shlex.join(["draftwise", *sys.argv[1:]]), progress=bar)
     except KeyboardInterrupt:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from draftwise.cli.options import field_option, with_model_options
+from draftwise.cli.options import field_option, progress_bar, with_model_options
 from draftwise.config import ModelOptions
 from draftwise.errors import built
 from draftwise.loadbench.config import SERVERS, LoadConfig, parse_concurrency, parse_servers
@@ -100,19 +100,11 @@ def register(app: typer.Typer) -> None:
 def _run(config: LoadConfig, progress: bool) -> None:
     """Run the benchmark with a progress bar on stderr; finished runs survive an interruption."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from draftwise.loadbench.runner import run_load
 
     console = Console(stderr=True)
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not progress,
-    )
+    bar = progress_bar(console, progress)
     command = shlex.join(["draftwise", *sys.argv[1:]])
 
     def say(line: str) -> None:

@@ -202,3 +202,12 @@ def with_cluster_options(
         return wrapper
 
     return decorate
+
+
+def progress_bar(console: Any, enabled: bool, *extra: Any) -> Any:
+    """The long commands' progress bar on ``console``: description, bar, done of total, time
+    elapsed, then ``extra`` columns (rich's ``Progress``; ``enabled`` False shows nothing)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), *extra)
+    return Progress(*columns, console=console, disable=not enabled)
