@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from draftwise.cli.options import built
 from draftwise.config import ModelOptions
-from draftwise.errors import ConfigError, built
+from draftwise.errors import ConfigError
 from draftwise.loadbench.audit import audit_mismatch, prompt_ids, top2_gap
 from draftwise.loadbench.client import Answer, chunk_text, read_event
 from draftwise.loadbench.config import LoadConfig, LoadError, parse_concurrency, parse_servers

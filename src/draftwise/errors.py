@@ -5,19 +5,18 @@ says whose fault it is: the CLI prints the message and exits with the kind's cod
 servers answer with the kind's HTTP status. Anything else that escapes is a bug.
 
 pydantic's complaints about a setting become one such line through ``validation_message``
-(the one formatter of validation errors); ``built`` builds a settings model and turns its
-complaint into a ``ConfigError``.
+(the one formatter of validation errors). It names fields as the caller spells them: the API
+by their JSON path, the CLI by the flag the command has (``draftwise.cli.options.built``), so
+this core module knows nothing of flags.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel, ValidationError
-
-Model = TypeVar("Model", bound="BaseModel")
+    from pydantic import ValidationError
 
 # Parts of a pydantic error location that name no field: the request body, and the tags of
 # union branches and validators ("str", "list[int]", "function-after[...]").
@@ -65,11 +64,6 @@ class ContextLengthError(TargetError):
     exit_code = 2
 
 
-def flag(name: str) -> str:
-    """The command-line flag of a settings field: ``top_p`` -> ``--top-p``."""
-    return "--" + name.replace("_", "-")
-
-
 def field_path(loc: Sequence[Any]) -> list[str]:
     """The field names in a pydantic error location (``body``, union and validator tags dropped)."""
     parts = [str(part) for part in loc]
@@ -82,38 +76,32 @@ def _problem(error: Mapping[str, Any]) -> str:
     return str(error.get("msg", "invalid value")).removeprefix("Value error, ")
 
 
-def _line(error: Mapping[str, Any], flags: bool) -> str:
+def _line(error: Mapping[str, Any], name: Callable[[str], str] | None) -> str:
     parts = field_path(error.get("loc", ()))
     if not parts:
         return _problem(error)
-    if not flags:
+    if name is None:
         return f"{'.'.join(parts)}: {_problem(error)}"
     got = f" (got {error['input']!r})" if "input" in error else ""
-    # A list flag's element shows up as its index (methods.0): the flag alone names it.
+    # A list field's element shows up as its index (methods.0): the field alone names it.
     names = [p for p in parts if not p.isdigit()]
-    return f"{', '.join(flag(p) for p in names)}: {_problem(error)}{got}"
+    return f"{', '.join(name(p) for p in names)}: {_problem(error)}{got}"
 
 
 def validation_message(
-    exc: ValidationError | Sequence[Mapping[str, Any]], prefix: str = "", *, flags: bool = False, every: bool = False
+    exc: ValidationError | Sequence[Mapping[str, Any]],
+    prefix: str = "",
+    *,
+    name: Callable[[str], str] | None = None,
+    every: bool = False,
 ) -> str:
     """pydantic's complaint as one line: ``field.path: problem``.
 
-    ``exc`` is a ``ValidationError`` or its ``errors()``. ``flags``: fields as command-line
-    flags (``--top-p: problem (got 0)``), with the value given. ``every``: every distinct
-    complaint, joined by ``"; "``; else only the first.
+    ``exc`` is a ``ValidationError`` or its ``errors()``. ``name``: how the caller spells a
+    field (the CLI: as the command's flag, ``--top-p: problem (got 0)``, with the value given);
+    None: the dotted field path. ``every``: every distinct complaint, joined by ``"; "``; else
+    only the first.
     """
     errors = exc if isinstance(exc, Sequence) else exc.errors()
-    lines = [_line(error, flags) for error in (errors if every else errors[:1])]
+    lines = [_line(error, name) for error in (errors if every else errors[:1])]
     return prefix + "; ".join(dict.fromkeys(lines))
-
-
-def built(cls: type[Model], /, **fields: Any) -> Model:
-    """``cls(**fields)``, or a ``ConfigError`` whose message is pydantic's first complaint,
-    with fields named as command-line flags (what the CLI's settings are built with)."""
-    from pydantic import ValidationError
-
-    try:
-        return cls(**fields)
-    except ValidationError as exc:
-        raise ConfigError(validation_message(exc, flags=True)) from None

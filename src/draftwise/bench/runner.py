@@ -280,8 +280,9 @@ class Bench:
     def __init__(self, config: BenchConfig) -> None:
         if config.generation.stop or config.generation.ignore_eos:
             raise BenchError(
-                "the bench compares against transformers' generate, which has no equivalent of "
-                "stop strings or ignore_eos: leave them unset"
+                "the bench runs every method, its anchors included (llama.cpp's and transformers' own "
+                "decoding loops), to the model's EOS or the token limit; stop strings and ignore_eos have no "
+                "equivalent there: leave them unset"
             )
         if config.ray is not None:
             from draftwise.cluster.runtime import check_installed

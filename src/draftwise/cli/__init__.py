@@ -5,8 +5,9 @@ imports (torch, transformers, servers) inside the command body, so ``draftwise -
 instant.
 
 A ``DraftwiseError`` (a user's mistake, or a failure the user should read about) is printed as
-one line, ``error: ...``, and the command exits with the error's code; anything else is a bug
-and keeps its traceback. ``draftwise --debug COMMAND`` (or ``DRAFTWISE_DEBUG=1``) shows the
+one line, ``error: ...``, and the command exits with the error's code; so is a mistake the
+command line's parser finds (an unknown flag, a value of the wrong type: exit status 2).
+Anything else is a bug and keeps its traceback. ``draftwise --debug COMMAND`` (or ``DRAFTWISE_DEBUG=1``) shows the
 traceback of a ``DraftwiseError`` too.
 """
 
@@ -15,11 +16,18 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer 0.2x carries its own copy of click; older ones use click itself
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from draftwise.cli import bench, dashboard, generate, load, models, serve, verifier
 from draftwise.errors import DraftwiseError
@@ -69,6 +77,56 @@ def _reporting(command: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _usage_line(exc: click_errors.ClickException) -> str:
+    """The parser's complaint as one line in the commands' own form: ``--port: problem``."""
+    param = getattr(exc, "param", None)
+    short = (
+        isinstance(exc, click_errors.BadParameter)
+        and not isinstance(exc, click_errors.MissingParameter)
+        and not exc.param_hint
+    )
+    if short and param is not None and param.opts:
+        text = f"{param.opts[0]}: {exc.message}"
+    else:
+        text = exc.format_message()
+        if text[:1].isupper() and text[1:2].islower():
+            text = text[0].lower() + text[1:]  # "No such option" -> "no such option", as every error reads
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    return "error: " + " ".join(text.split()).rstrip(".") + where
+
+
+class _Group(TyperGroup):
+    """The root command, whose parser's complaints read as every other error: one line on stderr,
+    exit status 2 (typer would draw a box of several lines)."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        run = functools.partial(super().main, args, prog_name, complete_var, False, windows_expand_args, **extra)
+        if not standalone_mode:
+            return run()
+        try:
+            # Not standalone: the parser's errors come back here rather than being drawn.
+            code = run()
+        except click_errors.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click_errors.ClickException as exc:
+            typer.echo(_usage_line(exc), err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 def _root(
     ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", help=f"show the traceback of every error (as {DEBUG_ENV}=1 does)"),
@@ -80,6 +138,7 @@ def _root(
 def build_app() -> typer.Typer:
     app = typer.Typer(
         name="draftwise",
+        cls=_Group,
         help=HELP,
         no_args_is_help=True,
         add_completion=False,

@@ -1,24 +1,39 @@
-"""``draftwise bench``: Spec-Bench (or your prompts) through draftwise and transformers, side by side.
+"""``draftwise bench``: Spec-Bench (or your prompts) through draftwise and other decoders, side by side.
 
-Flags map onto ``BenchConfig`` and its ``GenerationConfig``; defaults and help texts are
-those fields' own. ``--quick`` swaps in a small pair and a short run for a first look.
+draftwise's methods (plain decoding, model drafter, n-gram, hybrid) run against anchors, other
+projects' decoding loops on the same model files: llama.cpp's (plain, prompt lookup, its own
+speculation) on the llamacpp backend, the default, and transformers' (assisted generation,
+prompt lookup, plain generate) on the hf backend.
+
+Flags derive from ``BenchConfig`` and its ``GenerationConfig`` through
+``draftwise.cli.options.with_flags``; defaults and help texts are those fields' own. Shorter
+names: ``--threshold`` (``confidence_threshold``), ``--chat`` (``chat_template``). ``--quick``
+swaps in a small pair and a short run for a first look.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from draftwise.bench.config import METHODS, BenchConfig
 from draftwise.bench.dataset import SPEC_BENCH_SUBTASKS
-from draftwise.cli.options import field_option, progress_bar, with_cluster_options, with_model_options
+from draftwise.cli.options import (
+    Flags,
+    aliases_of,
+    built,
+    generation_config,
+    progress_bar,
+    split,
+    with_cluster_options,
+    with_flags,
+    with_model_options,
+)
 from draftwise.cluster.settings import BenchWorkers
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
-from draftwise.errors import built
 
 # A first look: the 135M model, drafting for itself (the 'model' method) and with n-grams,
 # one prompt per subtask, 64 tokens.
@@ -33,22 +48,42 @@ def _with_defaults(model: Any, name: str) -> str:
     return f"{text}default {default}, with --quick {QUICK[name]}"
 
 
-def _split(value: str | None) -> tuple[str, ...] | None:
-    return tuple(x.strip() for x in value.split(",") if x.strip()) if value else None
+def _subtasks(value: str) -> tuple[str, ...] | None:
+    return split(value) or None  # an empty list: every subtask, as when not given
 
 
-def _default(model: Any, name: str, given: Any, quick: bool) -> Any:
-    """A flag whose default depends on --quick: the value given, else the preset's, else the field's."""
-    return given or (QUICK.get(name) if quick else None) or model.model_fields[name].default
-
-
-_METHODS = typer.Option(
-    ",".join(BenchConfig.model_fields["methods"].default),
-    help=f"comma-separated methods, of: {', '.join(METHODS)}; 'baseline' always runs",
+FLAGS = (
+    Flags(
+        BenchConfig,
+        include=("target", "draft", "methods", "data", "subtasks", "limit"),
+        help={
+            "target": _with_defaults(BenchConfig, "target"),
+            "draft": _with_defaults(BenchConfig, "draft"),
+            "methods": f"comma-separated methods, of: {', '.join(METHODS)}; 'baseline' always runs; default: "
+            + ",".join(BenchConfig.model_fields["methods"].default),
+            "subtasks": f"comma-separated subtasks (Spec-Bench: {', '.join(SPEC_BENCH_SUBTASKS)}); default all",
+            "limit": _with_defaults(BenchConfig, "limit"),
+        },
+        parse={"methods": split, "subtasks": _subtasks},
+    ),
+    Flags(
+        GenerationConfig,
+        include=("max_new_tokens",),
+        help={"max_new_tokens": _with_defaults(GenerationConfig, "max_new_tokens")},
+    ),
+    Flags(
+        DraftConfig,
+        include=("k_policy", "k", "k_max", "confidence_threshold", "ngram_max"),
+        aliases={"confidence_threshold": "threshold"},
+    ),
+    Flags(SamplingConfig, include=("temperature", "top_k", "top_p", "seed")),
+    Flags(
+        BenchConfig,
+        include=("chat_template", "warmup", "out", "llama_cpp_bin"),
+        aliases={"chat_template": "chat"},
+    ),
 )
-_SUBTASKS = typer.Option(
-    None, help=f"comma-separated subtasks (Spec-Bench: {', '.join(SPEC_BENCH_SUBTASKS)}); default all"
-)
+ALIASES = aliases_of(*FLAGS)
 _QUICK = typer.Option(
     False, "--quick", help="a first look: the small pair, one prompt per subtask, 64 tokens (explicit flags still win)"
 )
@@ -60,58 +95,30 @@ _ON_RAY = (
 
 @with_model_options()
 @with_cluster_options(BenchWorkers, _ON_RAY)
+@with_flags(*FLAGS)
 def bench(
-    target: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "target")),
-    draft: str | None = typer.Option(None, help=_with_defaults(BenchConfig, "draft")),
-    methods: str = _METHODS,
-    data: str = field_option(BenchConfig, "data"),
-    subtasks: str | None = _SUBTASKS,
-    limit: int | None = typer.Option(None, help=_with_defaults(BenchConfig, "limit")),
-    max_new_tokens: int | None = typer.Option(None, help=_with_defaults(GenerationConfig, "max_new_tokens")),
-    k_policy: str = field_option(DraftConfig, "k_policy"),
-    k: int = field_option(DraftConfig, "k"),
-    k_max: int = field_option(DraftConfig, "k_max"),
-    threshold: float = field_option(DraftConfig, "confidence_threshold", "--threshold"),
-    ngram_max: int = field_option(DraftConfig, "ngram_max"),
-    temperature: float = field_option(SamplingConfig, "temperature"),
-    top_k: int = field_option(SamplingConfig, "top_k"),
-    top_p: float = field_option(SamplingConfig, "top_p"),
-    seed: int | None = field_option(SamplingConfig, "seed"),
-    chat: bool = typer.Option(True, "--chat/--no-chat", help=BenchConfig.model_fields["chat_template"].description),
-    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help=BenchConfig.model_fields["warmup"].description),
-    out: Path = field_option(BenchConfig, "out"),
+    given: dict[Any, dict[str, Any]],
     quick: bool = _QUICK,
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
-    llama_cpp_bin: Path | None = field_option(BenchConfig, "llama_cpp_bin"),
     models: ModelOptions = ModelOptions(),
     models_given: dict | None = None,
     ray: BenchWorkers | None = None,
 ) -> None:
-    """Benchmark draftwise (baseline, model drafter, n-gram) against transformers (assisted generation,
-    prompt lookup, plain generate) on the same prompts in one process; an interrupted run resumes."""
-    generation = built(
-        GenerationConfig,
-        max_new_tokens=_default(GenerationConfig, "max_new_tokens", max_new_tokens, quick),
-        sampling=built(SamplingConfig, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-        draft=built(
-            DraftConfig, k_policy=k_policy, k=k, k_max=k_max, confidence_threshold=threshold, ngram_max=ngram_max
-        ),
-    )
+    """Benchmark draftwise (baseline, model drafter, n-gram, hybrid) against anchors on the same prompts
+    in one process: llama.cpp's own decoding (plain, prompt lookup, speculation) on the llamacpp backend,
+    transformers' (assisted generation, prompt lookup, generate) on hf; an interrupted run resumes."""
+    settings, generation = dict(given[BenchConfig]), dict(given[GenerationConfig])
+    if quick:  # the preset fills what was not given
+        for name in ("target", "draft", "limit"):
+            settings.setdefault(name, QUICK[name])
+        generation.setdefault("max_new_tokens", QUICK["max_new_tokens"])
     config = built(
         BenchConfig,
-        target=_default(BenchConfig, "target", target, quick),
-        draft=_default(BenchConfig, "draft", draft, quick),
-        methods=_split(methods) or (),
-        data=data,
-        subtasks=_split(subtasks),
-        limit=limit if limit is not None else (QUICK["limit"] if quick else None),
+        aliases=ALIASES,
+        **settings,
         models=models,
-        llama_cpp_bin=llama_cpp_bin,
-        chat_template=chat,
-        warmup=warmup,
-        out=out,
         ray=ray,
-        generation=generation,
+        generation=generation_config({**given, GenerationConfig: generation}, ALIASES),
     )
     _run(config, progress)
 

@@ -4,8 +4,9 @@ The text streams as it is produced (``SpeculativeEngine.stream``), each token co
 where it came from; a table of metrics follows. ``--compare`` also runs the plain target on
 the same prompt; ``--json`` prints one machine-readable object instead.
 
-Generation flags (sampling, drafting, stops, length) are derived from the config classes,
-see ``draftwise.cli.options``.
+Generation flags (sampling, drafting, stops, length), the verifier client's and the model
+flags derive from their config classes (``draftwise.cli.options.with_flags``); the prompt, the
+models and the output switches are the command's own.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from typing import Any, Optional
 
 import typer
 
-from draftwise.cli.options import config_parameters, settings_parameters, with_model_options
+from draftwise.cli.options import GENERATION_FLAGS, Flags, aliases_of, with_flags, with_model_options
 from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, ModelOptions
 from draftwise.errors import ConfigError, ModelLoadError, TargetError
 from draftwise.remote.settings import ClientSettings
 
+# --reconnect-s (ClientSettings): how a run rides out a verifier that goes away.
+FLAGS = (*GENERATION_FLAGS, Flags(ClientSettings))
+ALIASES = aliases_of(*FLAGS)
 STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
 LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
 
@@ -272,14 +276,13 @@ def _run(
     as_json: bool,
     verifier: str | None,
     models: ModelOptions,
-    client: dict[str, Any],
-    values: dict[str, Any],
+    given: dict[Any, dict[str, Any]],
 ) -> None:
-    from draftwise.cli.options import config_from_values, settings_from_flags
+    from draftwise.cli.options import generation_config, settings_from_flags
     from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    config = config_from_values(values)  # before any model loads: mistakes fail fast
-    remote_settings = settings_from_flags(ClientSettings, verifier is not None, client, "--verifier")
+    config = generation_config(given, ALIASES)  # before any model loads: mistakes fail fast
+    remote_settings = settings_from_flags(ClientSettings, verifier is not None, given[ClientSettings], "--verifier")
     text = _read_prompt(prompt, file)
     named = target
     if target is None and draft is None and drafter is None:
@@ -394,14 +397,10 @@ def register(app: typer.Typer) -> None:
 
     def generate(**kwargs: Any) -> None:
         """Generate text with speculative decoding; tokens are coloured by where they came from."""
-        models = kwargs.pop("models")
         kwargs.pop("models_given")
-        client = {name: kwargs.pop(name) for name in ClientSettings.model_fields}
-        _run(**{name: kwargs.pop(name) for name in names}, models=models, client=client, values=kwargs)
+        _run(**{name: kwargs.pop(name) for name in names}, models=kwargs.pop("models"), given=kwargs.pop("given"))
 
     generate.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in fixed]
-        + settings_parameters(ClientSettings)  # --reconnect-s: how a run rides out a verifier that goes away
-        + config_parameters()
     )
-    app.command()(with_model_options()(generate))
+    app.command()(with_model_options()(with_flags(*FLAGS)(generate)))

@@ -1,18 +1,29 @@
 """``draftwise serve``: the OpenAI-compatible server (FastAPI on uvicorn).
 
-Flags map one to one onto ``ServerSettings`` (and its ``GenerationConfig`` of request
-defaults); their help texts are those fields' descriptions.
+Flags derive from ``ServerSettings`` (and its ``GenerationConfig`` of request defaults) through
+``draftwise.cli.options.with_flags``; their help texts are those fields' descriptions. Shorter
+names: ``--timeout`` (``request_timeout``), ``--max-tokens`` (``max_new_tokens``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from draftwise.api.settings import API_KEY_ENV, ServerSettings
-from draftwise.cli.options import field_option, note, warn_if_exposed, with_cluster_options, with_model_options
+from draftwise.cli.options import (
+    Flags,
+    aliases_of,
+    built,
+    note,
+    warn_if_exposed,
+    with_cluster_options,
+    with_flags,
+    with_model_options,
+)
 from draftwise.cluster.settings import ServeScale
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
-from draftwise.errors import built
 from draftwise.registry import DEFAULT_TARGET
 
 
@@ -29,62 +40,61 @@ def _recommended(target: str) -> tuple[str | None, str]:
 _ON_RAY = (
     "run on Ray Serve: replicas behind one endpoint, on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])"
 )
-_DRAFTER = typer.Option(
-    None,
-    help="default drafter of requests: model, ngram, hybrid or off; default: the registry's recommendation for the "
-    "target (model with --draft)",
+FLAGS = (
+    Flags(
+        ServerSettings,
+        include=(
+            "target",
+            "draft",
+            "drafter",
+            "host",
+            "port",
+            "slots",
+            "queue_size",
+            "request_timeout",
+            "max_context",
+            "model_name",
+            "api_key",
+            "max_body_bytes",
+            "parse_special",
+        ),
+        aliases={"request_timeout": "timeout"},
+        also={"slots": ("--workers",)},  # the old name of --slots
+        defaults={"target": DEFAULT_TARGET},
+        help={
+            "drafter": "default drafter of requests: model, ngram, hybrid or off; default: the registry's "
+            "recommendation for the target (model with --draft)",
+        },
+        options={"api_key": {"envvar": API_KEY_ENV}},
+    ),
+    Flags(
+        GenerationConfig,
+        include=("max_new_tokens",),
+        aliases={"max_new_tokens": "max_tokens"},
+        help={"max_new_tokens": f"default max_tokens of a request; default: {GenerationConfig().max_new_tokens}"},
+    ),
+    Flags(DraftConfig, include=("k_policy", "k")),
 )
+ALIASES = aliases_of(*FLAGS)
 
 
 @with_model_options()
 @with_cluster_options(ServeScale, _ON_RAY)
+@with_flags(*FLAGS)
 def serve(
-    target: str = typer.Option(DEFAULT_TARGET, help=ServerSettings.model_fields["target"].description),
-    draft: str | None = field_option(ServerSettings, "draft"),
-    drafter: str | None = _DRAFTER,
-    host: str = field_option(ServerSettings, "host"),
-    port: int = field_option(ServerSettings, "port"),
-    slots: int = field_option(ServerSettings, "slots", "--slots", "--workers"),
-    queue_size: int = field_option(ServerSettings, "queue_size"),
-    request_timeout: float = field_option(ServerSettings, "request_timeout", "--timeout"),
-    max_context: int | None = field_option(ServerSettings, "max_context"),
-    max_tokens: int = field_option(
-        GenerationConfig, "max_new_tokens", "--max-tokens", help="default max_tokens of a request"
-    ),
-    k_policy: str = field_option(DraftConfig, "k_policy"),
-    k: int = field_option(DraftConfig, "k"),
-    model_name: str | None = field_option(ServerSettings, "model_name"),
-    api_key: str | None = field_option(ServerSettings, "api_key", envvar=API_KEY_ENV, show_default=False),
-    max_body_bytes: int = field_option(ServerSettings, "max_body_bytes"),
-    parse_special: bool = field_option(ServerSettings, "parse_special"),
+    given: dict[Any, dict[str, Any]],
     models: ModelOptions = ModelOptions(),
     models_given: dict | None = None,
     ray: ServeScale | None = None,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
     plus /metrics (Prometheus), /health and /docs; with --ray, as replicas on Ray Serve."""
-    if draft is None and drafter is None:
-        draft, drafter = _recommended(target)
-    generation = built(GenerationConfig, max_new_tokens=max_tokens, draft=built(DraftConfig, k_policy=k_policy, k=k))
-    settings = built(
-        ServerSettings,
-        target=target,
-        draft=draft,
-        drafter=drafter,
-        host=host,
-        port=port,
-        slots=slots,
-        queue_size=queue_size,
-        request_timeout=request_timeout,
-        max_context=max_context,
-        model_name=model_name,
-        models=models,
-        api_key=api_key,
-        max_body_bytes=max_body_bytes,
-        parse_special=parse_special,
-        ray=ray,
-        generation=generation,
-    )
+    server = dict(given[ServerSettings])
+    if server.get("draft") is None and server.get("drafter") is None:
+        server["draft"], server["drafter"] = _recommended(server["target"])
+    draft = built(DraftConfig, aliases=ALIASES, **given[DraftConfig])
+    generation = built(GenerationConfig, aliases=ALIASES, **given[GenerationConfig], draft=draft)
+    settings = built(ServerSettings, aliases=ALIASES, **server, models=models, ray=ray, generation=generation)
     warn_if_exposed(settings.host, settings.api_key)
     if settings.ray is not None:
         from draftwise.cluster.serve_app import serve_on_ray

@@ -1,61 +1,70 @@
 """``draftwise serve-verifier``: serve a target model to remote drafters.
 
-Every flag comes from ``VerifierSettings`` (default and help text), so the CLI and the
-library cannot drift apart.
+Every flag comes from ``VerifierSettings`` (default and help text) through
+``draftwise.cli.options.with_flags``, so the CLI and the library cannot drift apart; the one
+shorter name is ``--idle-timeout`` (``idle_timeout_s``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from draftwise.cli.options import field_option, note, warn_if_exposed, with_cluster_options, with_model_options
+from draftwise.cli.options import (
+    Flags,
+    aliases_of,
+    built,
+    note,
+    warn_if_exposed,
+    with_cluster_options,
+    with_flags,
+    with_model_options,
+)
 from draftwise.cluster.settings import ServeScale
 from draftwise.config import ModelOptions
-from draftwise.errors import built
 from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
+
+FLAGS = (
+    Flags(
+        VerifierSettings,
+        include=(
+            "target",
+            "host",
+            "port",
+            "api_key",
+            "max_sessions",
+            "slots",
+            "idle_timeout_s",
+            "max_context",
+            "max_block",
+            "max_q_entries",
+            "max_body_bytes",
+        ),
+        aliases={"idle_timeout_s": "idle_timeout"},
+        options={"api_key": {"envvar": API_KEY_ENV}},
+    ),
+)
+ALIASES = aliases_of(*FLAGS)
+_ON_RAY = (
+    "run on Ray Serve: replicas behind one endpoint, each session routed to the replica holding it, on a local "
+    "Ray (127.0.0.1) or --ray-address (needs draftwise[ray])"
+)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("serve-verifier")
     @with_model_options(skip=("draft_quant",))
-    @with_cluster_options(
-        ServeScale,
-        "run on Ray Serve: replicas behind one endpoint, each session routed to the "
-        "replica holding it, on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])",
-    )
+    @with_cluster_options(ServeScale, _ON_RAY)
+    @with_flags(*FLAGS)
     def serve_verifier(
-        target: str = field_option(VerifierSettings, "target"),
-        host: str = field_option(VerifierSettings, "host"),
-        port: int = field_option(VerifierSettings, "port"),
-        api_key: str | None = field_option(VerifierSettings, "api_key", envvar=API_KEY_ENV, show_default=False),
-        max_sessions: int = field_option(VerifierSettings, "max_sessions"),
-        slots: int = field_option(VerifierSettings, "slots"),
-        idle_timeout_s: float = field_option(VerifierSettings, "idle_timeout_s", "--idle-timeout"),
-        max_context: int = field_option(VerifierSettings, "max_context"),
-        max_block: int = field_option(VerifierSettings, "max_block"),
-        max_q_entries: int = field_option(VerifierSettings, "max_q_entries"),
-        max_body_bytes: int = field_option(VerifierSettings, "max_body_bytes"),
+        given: dict[Any, dict[str, Any]],
         models: ModelOptions = ModelOptions(),
         models_given: dict | None = None,
         ray: ServeScale | None = None,
     ) -> None:
         """Serve a target model as a remote verifier: drafters elsewhere send one request per block."""
-        settings = built(
-            VerifierSettings,
-            target=target,
-            models=models,
-            host=host,
-            port=port,
-            api_key=api_key,
-            max_sessions=max_sessions,
-            slots=slots,
-            idle_timeout_s=idle_timeout_s,
-            max_context=max_context,
-            max_block=max_block,
-            max_q_entries=max_q_entries,
-            max_body_bytes=max_body_bytes,
-            ray=ray,
-        )
+        settings = built(VerifierSettings, aliases=ALIASES, **given[VerifierSettings], models=models, ray=ray)
         if settings.ray is not None:
             from draftwise.cluster.verifier import serve_verifier_on_ray
 

@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftwise.errors import flag
 from draftwise.loadbench.config import LoadConfig, LoadError
 
 HOST = "127.0.0.1"
@@ -87,7 +86,9 @@ def draftwise_server(config: LoadConfig, slots: int) -> Server:
     if config.drafter is not None:
         argv += ["--drafter", config.drafter]
     for name, value in config.models.model_dump(exclude_defaults=True, exclude={"threads", "context"}).items():
-        argv += [flag(name), str(value)]
+        # `draftwise serve` spells every ModelOptions field as its flag, without an alias (a test
+        # checks these against serve's flags); spelt here so this layer does not import the CLI.
+        argv += ["--" + name.replace("_", "-"), str(value)]
     return Server("draftwise", tuple(argv), config.target)
 
 
