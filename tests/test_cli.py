@@ -21,7 +21,7 @@ def run(*args: str, home: Path, stdin: str | None = None) -> subprocess.Complete
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess, fragment: str) -> None:
-    assert done.returncode != 0
+    assert done.returncode == 2, done.stderr  # the README's exit status for a user's mistake
     assert "Traceback" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
@@ -184,7 +184,7 @@ def test_hybrid_drafter_through_the_cli_keeps_the_output_of_the_plain_target(hom
     assert data["drafter"] == "hybrid" and data["metrics"]["proposed"] > 0
     assert data["compare"]["identical"] is True
     bad = run("generate", "hi", "--target", "tiny:0", "--drafter", "hybrid", home=home)
-    assert bad.returncode != 0 and "--drafter hybrid needs --draft" in bad.stderr
+    assert bad.returncode == 2 and "--drafter hybrid needs --draft" in bad.stderr
 
 
 def test_generate_streams_text_and_prints_stats_from_stdin(home):

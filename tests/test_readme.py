@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import typer
+from typer.core import TyperGroup
 
 from draftwise.cli import build_app
 
@@ -134,7 +135,7 @@ def parse(args: list[str]) -> None:
     with ctx.scope(cleanup=False):
         # The root's own options (--debug), parsed as a plain command's (the group's own
         # parse_args would set the command aside); what is left is the command and its arguments.
-        rest = super(type(group), group).parse_args(ctx, list(args))
+        rest = super(TyperGroup, group).parse_args(ctx, list(args))
         name, command, rest = group.resolve_command(ctx, rest)
     assert command is not None and name is not None
     try:

@@ -397,7 +397,7 @@ def test_generate_cli_with_a_remote_verifier(url, target_lm):
     refused = subprocess.run(
         [*DRAFTWISE, "generate", *flags, "--compare"], capture_output=True, text=True, timeout=120, env=env
     )
-    assert refused.returncode != 0 and "--verifier" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode == 2 and "--verifier" in refused.stderr and "Traceback" not in refused.stderr
 
 
 @pytest.mark.parametrize(
