@@ -1,5 +1,7 @@
 """``draftwise dashboard``: the live Streamlit dashboard, with a local API server when none is given.
 
+Flags derive from ``DashboardSettings`` and ``ModelOptions`` (``draftwise.cli.options.with_flags``).
+
 Without ``--api-url`` it starts ``draftwise serve`` (on a free loopback port, with the given
 or default models) as a child process, waits for its ``/health``, then runs ``streamlit run``
 on the dashboard page; both children stop when the command stops.
@@ -19,8 +21,9 @@ from typing import Any
 
 import typer
 
-from draftwise.cli.options import with_model_options
+from draftwise.cli.options import Flags, aliases_of, built, with_flags, with_model_options
 from draftwise.config import ModelOptions
+from draftwise.dashboard.settings import DashboardSettings
 from draftwise.errors import ConfigError, DraftwiseError
 
 HEALTH_POLL_S = 0.5
@@ -191,31 +194,21 @@ def _run(
             signal.signal(signal.SIGTERM, previous)
 
 
+FLAGS = (Flags(DashboardSettings),)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     @with_model_options()
+    @with_flags(*FLAGS)
     def dashboard(
-        api_url: str | None = typer.Option(
-            None, help="URL of a running draftwise API (`draftwise serve`); default: start one here"
-        ),
-        target: str | None = typer.Option(
-            None, help="target model of the local API server; default: `draftwise serve`'s (the default pair)"
-        ),
-        draft: str | None = typer.Option(None, help="draft model of the local API server"),
-        drafter: str | None = typer.Option(
-            None, help="default drafter of the local API server: model, ngram, hybrid or off"
-        ),
-        host: str = typer.Option("127.0.0.1", help="address of the dashboard page (and of the local API server)"),
-        port: int = typer.Option(8501, help="port of the dashboard page"),
-        bench: Path | None = typer.Option(None, help="`draftwise bench` output folder to open in the report view"),
-        startup_timeout: float = typer.Option(
-            900.0, help="seconds to wait for the local API server (a first GGUF load converts the weights)"
-        ),
+        given: dict[Any, dict[str, Any]],
         models: ModelOptions = ModelOptions(),
         models_given: dict | None = None,
     ) -> None:
         """Live dashboard: watch the drafter and the target token by token, compare with the plain target,
         browse bench reports (Streamlit; opens at http://HOST:PORT)."""
-        local = _local_flags(target, draft, drafter, models_given)
-        _check(api_url, local)
-        _run(api_url, local, host, port, bench, startup_timeout)
+        settings = built(DashboardSettings, aliases=aliases_of(*FLAGS), **given[DashboardSettings])
+        local = _local_flags(settings.target, settings.draft, settings.drafter, models_given)
+        _check(settings.api_url, local)
+        _run(settings.api_url, local, settings.host, settings.port, settings.bench, settings.startup_timeout)
