@@ -138,7 +138,12 @@ class _Context:
         params.n_ctx = n_ctx * slots
         params.n_batch = params.n_ubatch = rows
         params.n_seq_max = slots
-        params.kv_unified = False  # each sequence its own n_ctx positions: no stream crowds out another
+        # One KV cache for every sequence. With a cache per sequence, llama.cpp splits a pass
+        # into micro-batches that hold the same number of tokens of each sequence, in
+        # increasing seq_id order: a verify block beside one-token steps becomes several
+        # weight passes. Unified, a pass is one micro-batch whatever its mix; each sequence
+        # still gets its n_ctx positions, as LlamaCppModel refuses to grow one past them.
+        params.kv_unified = True
         params.n_outputs_max = rows
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
