@@ -10,11 +10,12 @@ other matrix kernels, which round differently).
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
 
-from draftwise.backends.llamacpp_batch import Request, _plan
+from draftwise.backends.llamacpp_batch import Request, _plan, _Queue
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
@@ -39,6 +40,31 @@ def test_a_pass_takes_the_smallest_requests_first_up_to_its_budget():
     prompt.fed = 590
     assert [(r.seq, n) for r, n in _plan([prompt, block, step], 12)] == [(0, 1), (1, 5), (2, 6)]
     assert [(r.seq, n) for r, n in _plan([prompt, block], 3)] == [(1, 3)]
+
+
+def _gathered_after(busy: bool, late_s: float) -> tuple[list[int], float]:
+    """Sequence 0 has a request pending, sequence 1 (in the last pass too) comes ``late_s``
+    later; the sequences of the first gather (gather 0.01 s, align 0.5 s), and its wait."""
+    queue = _Queue()
+    queue.put(Request(0, [1], 0, 1))
+    late = threading.Timer(late_s, lambda: queue.put(Request(1, [1], 0, 1)))
+    late.start()
+    started = time.monotonic()
+    pending = queue.gather({0, 1}, 0.01, 0.5, lambda: busy) or []
+    waited = time.monotonic() - started
+    late.join()
+    return [r.seq for r in pending], waited
+
+
+def test_a_pass_waits_for_a_missing_stream_while_the_decode_thread_works_for_others():
+    # Another context's pass (the missing stream's draft) keeps the decode thread busy: wait.
+    assert _gathered_after(busy=True, late_s=0.1)[0] == [0, 1]
+    # The decode thread is idle: the missing stream is not drafting; go after the short wait.
+    seqs, waited = _gathered_after(busy=False, late_s=0.3)
+    assert seqs == [0] and waited < 0.3
+    # Never past the alignment bound, busy or not.
+    seqs, waited = _gathered_after(busy=True, late_s=1.5)
+    assert seqs == [0] and 0.5 <= waited < 1.5
 
 
 needs_model = pytest.mark.skipif(

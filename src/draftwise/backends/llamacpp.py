@@ -21,14 +21,13 @@ import os
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
-from draftwise.backends.llamacpp_batch import ROWS, Batcher
+from draftwise.backends.llamacpp_batch import ROWS, Batcher, Decoder
 from draftwise.config import ModelOptions
 from draftwise.errors import ContextLengthError, ModelLoadError
 from draftwise.lm import PassInfo
@@ -66,11 +65,7 @@ class _Library:
         self._on_log = on_log  # ctypes calls it for as long as the process lives
         llama_cpp.llama_log_set(on_log, None)
         llama_cpp.llama_backend_init()
-        # Every llama_decode of the process runs on this one thread. ggml's CPU kernels run on
-        # an OpenMP team per calling thread; two threads taking turns (a target's passes and
-        # its draft's) keep two teams that compete for the cores, and passes ran up to twice
-        # as slow so. One caller keeps one team.
-        self.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-ggml")
+        self.decoder = Decoder()  # every llama_decode of the process runs on its thread
 
     def reason(self) -> str:
         """What llama.cpp said went wrong, for an error message: its last line that names an

@@ -16,7 +16,10 @@ Scheduling, in each round:
    next one: a stream spends a few milliseconds between two passes checking its block, and a
    pass without it would cost it a whole pass. (Two passes, not one: streams that once missed
    a pass would otherwise settle into taking turns, each pass half full.) A sequence that was
-   reset has ended its generation and is not waited for.
+   reset has ended its generation and is not waited for. While another context's pass keeps
+   the decode thread at work (a draft model's passes, drafting the missing streams' blocks),
+   wait longer, up to ``ALIGN_PASSES`` of this context's last pass: the wait costs the cores
+   nothing, and the streams stay in step, so that every pass holds all of them.
 2. Take rows up to the row budget (``rows``): the smallest requests first, so that a long
    prompt never holds up the others' one-token steps; a prompt longer than what is left is
    fed in pieces over several rounds, mixed with everybody's steps.
@@ -33,7 +36,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +50,32 @@ ROWS = 64  # most rows per pass: a long prompt goes in pieces, between the other
 GATHER_S = 0.008  # wait for the recent passes' sequences to come back with their next pass...
 GATHER_SHARE = 0.25  # ... or this share of the last pass's time, if longer
 GATHER_MAX_S = 0.05
+ALIGN_PASSES = 2.0  # ... and while the decode thread runs another context's passes, this many of ours
+POLL_S = 0.002  # how often a gather looks whether the decode thread is still at work
+
+
+class Decoder:
+    """The one thread that runs every ``llama_decode`` of the process, and whether it is at
+    work. ggml's CPU kernels run on an OpenMP team per calling thread; two threads taking
+    turns (a target's passes and its draft's) keep two teams that compete for the cores, and
+    passes ran up to twice as slow so. One caller keeps one team."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-ggml")
+        self._lock = threading.Lock()
+        self._queued = 0  # calls submitted and not yet returned
+
+    def busy(self) -> bool:
+        return self._queued > 0
+
+    def run(self, fn: Callable[..., int], *args: Any) -> int:
+        with self._lock:
+            self._queued += 1
+        try:
+            return self._pool.submit(fn, *args).result()
+        finally:
+            with self._lock:
+                self._queued -= 1
 
 
 @dataclass(eq=False)
@@ -110,17 +140,19 @@ class _Queue:
             self.closed = True
             self.cond.notify_all()
 
-    def gather(self, members: set[int], gather_s: float) -> list[Request] | None:
+    def gather(
+        self, members: set[int], gather_s: float, align_s: float, busy: Callable[[], bool]
+    ) -> list[Request] | None:
         """The pending requests once the round may start (step 1); None once closed."""
         with self.cond:
             while not self.pending and not self.closed:
                 self.cond.wait()
-            deadline = time.monotonic() + gather_s
+            started = time.monotonic()
             while not self.closed and not members - self.resting <= {r.seq for r in self.pending}:
-                left = deadline - time.monotonic()
-                if left <= 0:
+                waited = time.monotonic() - started
+                if waited >= align_s or (waited >= gather_s and not busy()):
                     break
-                self.cond.wait(left)
+                self.cond.wait(min(POLL_S, align_s - waited) if waited >= gather_s else gather_s - waited)
             return None if self.closed else list(self.pending)
 
     def finish(self, requests: list[Request]) -> None:
@@ -192,7 +224,7 @@ class _Context:
             outputs.append((request, max(0, first + take - out_from)))
         self.batch.n_tokens = n
         started = time.perf_counter()
-        status = self.decoder.submit(self.api.llama_decode, self.ctx, self.batch).result()
+        status = self.decoder.run(self.api.llama_decode, self.ctx, self.batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed ({status}) on {self.weights.name}: {self.weights.reason()}")
         seconds = time.perf_counter() - started
@@ -232,9 +264,9 @@ def _plan(pending: list[Request], budget: int) -> list[tuple[Request, int]]:
 def _serve(queue: _Queue, context: _Context, stats: PassStats) -> None:
     """The pass thread: rounds until the batcher is gone, then free the context."""
     recent: list[set[int]] = [set(), set()]  # the sequences of the last two passes
-    wait_s = GATHER_S
+    wait_s, align_s = GATHER_S, GATHER_S
     try:
-        while (pending := queue.gather(recent[0] | recent[1], wait_s)) is not None:
+        while (pending := queue.gather(recent[0] | recent[1], wait_s, align_s, context.decoder.busy)) is not None:
             fed = sum(r.fed for r in pending)
             started = time.perf_counter()
             try:
@@ -243,7 +275,9 @@ def _serve(queue: _Queue, context: _Context, stats: PassStats) -> None:
                 for request in pending:
                     request.error = exc
                 recent = [set(), set()]
-            wait_s = min(GATHER_MAX_S, max(GATHER_S, GATHER_SHARE * (time.perf_counter() - started)))
+            seconds = time.perf_counter() - started
+            wait_s = min(GATHER_MAX_S, max(GATHER_S, GATHER_SHARE * seconds))
+            align_s = max(wait_s, ALIGN_PASSES * seconds)
             stats.passes += 1
             stats.rows += sum(r.fed for r in pending) - fed
             stats.sequences += len(recent[1])
