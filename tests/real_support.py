@@ -74,7 +74,8 @@ def require_module(name: str) -> ModuleType:
 
 def needs(*checks: Check) -> pytest.MarkDecorator:
     """A mark that gates a test (or, in ``pytestmark``, a module) on ``checks``."""
-    return pytest.mark.needs(*checks)
+    # with_args: called with one function, a mark would decorate it instead of holding it.
+    return pytest.mark.needs.with_args(*checks)
 
 
 def enforce_gates(item: pytest.Item) -> None:

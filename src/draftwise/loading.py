@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from draftwise.compat import check_compatible
 from draftwise.config import ModelOptions
 from draftwise.errors import ModelLoadError
 from draftwise.lm import LanguageModel
 from draftwise.registry import REGISTRY, is_pulled, model_path
+from draftwise.tokenizer_compat import check_compatible
 
 Log = Callable[[str], None]
 LLAMA_CPP_INSTALL = (
