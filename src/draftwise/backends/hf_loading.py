@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from draftwise.backends.hf import HFModel
+from draftwise.backends.hf import HFModel, HFTokenizer
 from draftwise.backends.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, pack_linears, quantize_weights
 from draftwise.config import ModelOptions
 from draftwise.errors import ModelLoadError
@@ -161,11 +161,9 @@ def _load_pretrained(source: str, torch_dtype):
     return model, tokenizer
 
 
-def load_hf_tokenizer(source: str, location: Path | str) -> Any:
+def load_hf_tokenizer(source: str, location: Path | str) -> HFTokenizer:
     """The tokenizer ``load_hf`` would give ``location`` (what ``resolve`` made of ``source``),
     without the weights."""
-    from draftwise.backends.hf import HFTokenizer
-
     if source.startswith("tiny:"):
         from draftwise.backends.tiny import tiny_tokenizer
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import torch
@@ -38,6 +38,9 @@ from draftwise.remote.protocol import (
 from draftwise.remote.settings import API_KEY_ENV, ClientSettings
 from draftwise.target import Verification
 from draftwise.verify import Verdict
+
+if TYPE_CHECKING:
+    from draftwise.lm import Tokenizer
 
 # A fleet (``ServerInfo.routing_header``): how long a verify whose session the answering replica
 # does not hold keeps being retried, for the router to reach the replica that holds it (the
@@ -331,7 +334,7 @@ class RemoteTarget:
         until the idle timeout. The connection stays open for the next run."""
         self._close_session()
 
-    def check_tokenizer(self, tokenizer: Any, whose: str = "the draft's") -> None:
+    def check_tokenizer(self, tokenizer: Tokenizer | None, whose: str = "the draft's") -> None:
         """Refuse a verifier whose tokenizer maps tokens to other ids than ``tokenizer`` does."""
         mine, theirs = tokenizer_fingerprint(tokenizer), self.info.tokenizer_fingerprint
         if mine != theirs:
@@ -354,7 +357,7 @@ class RemoteTarget:
 def connect(
     url: str,
     api_key: str | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     timeout: float = 600.0,
     settings: ClientSettings | None = None,
 ) -> RemoteTarget:
