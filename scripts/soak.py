@@ -754,14 +754,11 @@ def _health_met(phase: dict[str, Any]) -> bool:
 
 
 def machine() -> dict[str, Any]:
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next(
-        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-        platform.processor(),
-    )
     import torch
 
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
+    from draftwise.cpu import cpu_name
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
 
 
 def _arguments() -> argparse.Namespace:

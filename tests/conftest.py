@@ -17,6 +17,7 @@ import torch
 
 from draftwise.backends.tiny import tiny_lm
 from draftwise.lm import LanguageModel
+
 from real_support import enforce_gates, fail_strict_skip
 
 

@@ -20,6 +20,7 @@ from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.loading import load_lm
 from draftwise.target import LocalTarget
+
 from exactness_support import near_tie_or_equal, run_at_once
 from real_support import PROMPT, SMOL, needs_smol_on_llama_cpp
 

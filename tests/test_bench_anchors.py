@@ -26,6 +26,7 @@ from draftwise.bench.config import BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt
 from draftwise.bench.report import render
 from draftwise.config import GenerationConfig, ModelOptions
+
 from real_support import SMOL, llama_cpp_bin, llama_program_missing, needs, needs_llama_cpp, needs_smol
 
 PROMPTS = [Prompt("p1", "s1", "s1", ("x",)), Prompt("p2", "s2", "s2", ("x",))]

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from real_support import CHROMIUM, SMOL, chromium_missing, needs, needs_smol, require_module
-
 from cli_support import cli_server
+from real_support import CHROMIUM, SMOL, chromium_missing, needs, needs_smol, require_module
 
 # CI installs the dashboard's extras and Chromium: under DRAFTWISE_STRICT_TESTS=1 a missing one fails.
 require_module("streamlit")

@@ -22,6 +22,7 @@ from draftwise.loading import choose_backend, load_lm, load_pair
 from draftwise.policies import Offer
 from draftwise.registry import REGISTRY, model_path
 from draftwise.verify import logits_to_probs
+
 from exactness_support import near_tie_or_equal
 from real_support import PROMPT, SMOL, needs_smol_on_llama_cpp
 from stats_support import ALPHA, as_dist, chi2_pvalue

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from draftwise.config import ModelOptions
+from draftwise.cpu import kernel_flags
 from draftwise.errors import ConfigError, built
 from draftwise.loadbench.audit import audit_mismatch, prompt_ids, top2_gap
 from draftwise.loadbench.client import Answer, chunk_text, read_event
 from draftwise.loadbench.config import LoadConfig, LoadError, parse_concurrency, parse_servers
 from draftwise.loadbench.prompts import LoadPrompt, load_prompts
-from draftwise.loadbench.report import cpu_flags, mismatch_section, ratio_table, rows_table
+from draftwise.loadbench.report import mismatch_section, ratio_table, rows_table
 from draftwise.loadbench.servers import draftwise_server, llama_server
 from draftwise.loadbench.stats import (
     Mismatch,
@@ -31,9 +32,9 @@ from draftwise.loadbench.stats import (
     summarize,
     tokens_of,
 )
-from real_support import SMOL, llama_cpp_bin, llama_program_missing, needs, needs_smol
 
 from cli_support import cli_server, run_cli
+from real_support import SMOL, llama_cpp_bin, llama_program_missing, needs, needs_smol
 
 # --- statistics ------------------------------------------------------------------------------
 
@@ -171,8 +172,8 @@ def test_rows_and_mismatches_are_tabled():
 
 def test_cpu_flags_keep_the_vector_and_matrix_extensions():
     cpuinfo = "model name\t: X\nflags\t\t: fpu sse2 avx avx2 avx512f avx512_vnni amx_tile amx_bf16 fma\nflags : other\n"
-    assert cpu_flags(cpuinfo) == ["amx_bf16", "amx_tile", "avx2", "avx512_vnni", "avx512f"]
-    assert cpu_flags("model name : X\n") == []
+    assert kernel_flags(cpuinfo) == ["amx_bf16", "amx_tile", "avx2", "avx512_vnni", "avx512f"]
+    assert kernel_flags("model name : X\n") == []
 
 
 # --- the stream ------------------------------------------------------------------------------

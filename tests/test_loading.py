@@ -14,10 +14,10 @@ from draftwise.backends.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, PackedLi
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.chat import ChatTemplateError, PromptError, encode_prompt
 from draftwise.config import ModelOptions
-from draftwise.errors import ModelLoadError
+from draftwise.errors import IncompatibleModelsError, ModelLoadError
 from draftwise.loading import load_lm, resolve
 from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, HOME_ENV, REGISTRY, lookup
-from draftwise.tokenizer_compat import IncompatibleModelsError, check_compatible
+from draftwise.tokenizer_compat import check_compatible
 
 from hf_support import load_hf_model
 

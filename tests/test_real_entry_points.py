@@ -10,9 +10,8 @@ import signal
 
 import pytest
 
-from real_support import PROMPT, SMOL, needs_llama_cpp, needs_smol, require_module
-
 from cli_support import cli_server, run_cli, stop
+from real_support import PROMPT, SMOL, needs_llama_cpp, needs_smol, require_module
 
 pytestmark = [pytest.mark.slow, needs_smol]
 openai = require_module("openai")

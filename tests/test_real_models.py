@@ -16,9 +16,9 @@ from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.lm import LanguageModel
 from draftwise.registry import REGISTRY, model_path
-from real_support import PROMPT, SMOL, needs_smol
 
 from hf_support import load_hf_model
+from real_support import PROMPT, SMOL, needs_smol
 
 pytestmark = [pytest.mark.slow, needs_smol]
 ENTRY = REGISTRY[SMOL]

@@ -26,10 +26,9 @@ from draftwise.remote.client import connect
 from draftwise.remote.server import create_app
 from draftwise.remote.settings import ClientSettings, VerifierSettings
 from draftwise.target import LocalTarget
-from real_support import PROMPT as REAL_PROMPT
-from real_support import SMOL, needs_smol
 
 from cli_support import cli_server, free_port, run_cli
+from real_support import PROMPT as REAL_PROMPT, SMOL, needs_smol
 from server_support import serve_in_background
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"

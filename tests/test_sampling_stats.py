@@ -23,6 +23,7 @@ from draftwise import (
 )
 from draftwise.lm import LanguageModel
 from draftwise.verify import logits_to_probs, sample, verify_sampling
+
 from stats_support import ALPHA, as_dist, chi2_pvalue
 
 

@@ -15,8 +15,6 @@ from draftwise.errors import IncompatibleModelsError
 if TYPE_CHECKING:
     from draftwise.lm import Tokenizer
 
-__all__ = ["IncompatibleModelsError", "check_compatible"]
-
 
 def _vocab(tokenizer: Tokenizer) -> dict[str, int]:
     return dict(tokenizer.get_vocab())
