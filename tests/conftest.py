@@ -2,15 +2,38 @@
 
 Models are cached per session because building one costs ~0.1 s; every engine resets a
 model's cache when a generation starts, so sharing them between tests is safe.
+
+Also the hooks of ``real_support``'s gates (the ``needs`` mark): a test is skipped where a
+requirement is missing, failed instead under ``DRAFTWISE_STRICT_TESTS=1``, as is any skipped
+slow test.
 """
 
 from __future__ import annotations
+
+from collections.abc import Generator
 
 import pytest
 import torch
 
 from draftwise.backends.tiny import tiny_lm
 from draftwise.lm import LanguageModel
+
+from real_support import enforce_gates, fail_strict_skip
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # tryfirst: a missing model must stop the test before its fixtures try to load it.
+    enforce_gates(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    fail_strict_skip(item, report)
+    return report
 
 
 @pytest.fixture(scope="session")

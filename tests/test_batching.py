@@ -19,14 +19,14 @@ from draftwise.backends.llamacpp_batch import Request, _plan, _Queue
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
-from draftwise.loading import llama_cpp_available, load_lm
-from draftwise.registry import REGISTRY, is_pulled
+from draftwise.loading import load_lm
 from draftwise.target import LocalTarget
-from exactness_support import near_tie_or_equal, run_at_once
 
-SMOL = "smollm2-135m"
+from exactness_support import near_tie_or_equal, run_at_once
+from real_support import PROMPT, SMOL, needs_smol_on_llama_cpp
+
 PROMPTS = [
-    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    PROMPT,
     "def fibonacci(n):\n    if n < 2:\n        return n\n",
     "Once upon a time, in a small village by the sea, there lived",
     "import numpy as np\n\nx = np.arange(10)\nprint(x.",
@@ -67,10 +67,7 @@ def test_a_pass_waits_for_a_missing_stream_while_the_decode_thread_works_for_oth
     assert seqs == [0] and 0.5 <= waited < 1.5
 
 
-needs_model = pytest.mark.skipif(
-    not (llama_cpp_available() and is_pulled(REGISTRY[SMOL])),
-    reason="needs llama-cpp-python and `draftwise pull smollm2-135m`",
-)
+needs_model = needs_smol_on_llama_cpp
 pytestmark = [pytest.mark.slow]
 
 

@@ -1,14 +1,13 @@
 """The llama.cpp anchors and what the report says about them.
 
 Decode-phase rates and speedups over anchors are checked in closed form on hand-made
-records; the anchors themselves run on SmolLM2-135M (slow), the binary one only when
-``DRAFTWISE_LLAMA_CPP_BIN`` names a folder holding llama.cpp's ``llama-speculative-simple``.
+records; the anchors themselves run on SmolLM2-135M (slow), the binary one on llama.cpp's
+``llama-speculative-simple`` from ``make llama-cpp-bin`` (or ``$DRAFTWISE_LLAMA_CPP_BIN``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from statistics import mean
@@ -27,8 +26,8 @@ from draftwise.bench.config import BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt
 from draftwise.bench.report import render
 from draftwise.config import GenerationConfig, ModelOptions
-from draftwise.loading import llama_cpp_available
-from draftwise.registry import REGISTRY, is_pulled
+
+from real_support import SMOL, llama_cpp_bin, llama_program_missing, needs, needs_llama_cpp, needs_smol
 
 PROMPTS = [Prompt("p1", "s1", "s1", ("x",)), Prompt("p2", "s2", "s2", ("x",))]
 METHODS = ("baseline", "ngram", "llamacpp-plain", "llamacpp-spec")
@@ -182,7 +181,6 @@ def test_spec_failures_are_bench_errors(tmp_path: Path) -> None:
 
 # --- on a real model ---------------------------------------------------------------------
 
-SMOL = "smollm2-135m"
 ROWS = [
     {"id": "copy", "prompt": "Repeat this sentence twice: the cat sat on the mat."},
     {"id": "count", "prompt": "List the numbers from 1 to 10, separated by commas."},
@@ -192,8 +190,6 @@ ROWS = [
     # buffer must hold it (see LlamaCppPythonMethod).
     {"id": "long", "prompt": "Summarize in one line: " + "The cat sat on the mat and looked at the dog. " * 60},
 ]
-needs_smol = pytest.mark.skipif(not is_pulled(REGISTRY[SMOL]), reason=f"run `draftwise pull {SMOL}` first")
-needs_llama_cpp = pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python is not installed")
 
 
 def _smol_bench(tmp_path: Path, methods: tuple[str, ...], **extra) -> tuple[list[dict], dict]:
@@ -250,16 +246,11 @@ def test_llama_cpp_python_anchors_match_greedy_baseline(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("DRAFTWISE_LLAMA_CPP_BIN"),
-    reason="set DRAFTWISE_LLAMA_CPP_BIN to llama.cpp's bin folder (`make llama-cpp-bin`)",
-)
+@needs(llama_program_missing("llama-speculative-simple"))
 @needs_llama_cpp
 @needs_smol
 def test_llama_cpp_spec_binary_matches_greedy_baseline(tmp_path: Path) -> None:
-    records, summary = _smol_bench(
-        tmp_path, ("baseline", "llamacpp-spec"), llama_cpp_bin=Path(os.environ["DRAFTWISE_LLAMA_CPP_BIN"])
-    )
+    records, summary = _smol_bench(tmp_path, ("baseline", "llamacpp-spec"), llama_cpp_bin=llama_cpp_bin())
     _assert_greedy_matches_baseline(records, summary, "llamacpp-spec")
     for r in (r for r in records if r["method"] == "llamacpp-spec"):
         assert r["timed_deliveries"] is False and r["ttft_seconds"] is None

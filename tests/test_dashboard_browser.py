@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from draftwise.registry import REGISTRY, is_pulled
-
 from cli_support import cli_server
+from real_support import CHROMIUM, SMOL, chromium_missing, needs, needs_smol, require_module
 
-pytest.importorskip("streamlit")
-playwright_api = pytest.importorskip("playwright.sync_api")
+# CI installs the dashboard's extras and Chromium: under DRAFTWISE_STRICT_TESTS=1 a missing one fails.
+require_module("streamlit")
+playwright_api = require_module("playwright.sync_api")
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -40,12 +38,7 @@ RUN_S = 180
 MAX_TOKENS = 48
 
 # Every test here starts a browser and two servers: slow, whatever the model.
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM), reason="no Chromium found (apt-get install chromium); .ci/run installs it"
-    ),
-]
+pytestmark = [pytest.mark.slow, needs(chromium_missing)]
 
 
 @pytest.fixture(scope="module")
@@ -129,13 +122,13 @@ def test_tokens_of_every_provenance_class_show_up(dashboard: str, artifacts: Pat
     print(f"screenshots: {artifacts}")
 
 
-@pytest.mark.skipif(not is_pulled(REGISTRY["smollm2-135m"]), reason="run `draftwise pull smollm2-135m` first")
+@needs_smol
 def test_the_page_serves_a_real_model(tmp_path: Path, artifacts: Path) -> None:
     # The model as a user runs it: the default backend (llama.cpp where it is installed).
-    args = ["dashboard", "--target", "smollm2-135m", "--threads", "2"]
+    args = ["dashboard", "--target", SMOL, "--threads", "2"]
     with cli_server(args, "/_stcore/health", tmp_path / "dashboard.log", startup_s=STARTUP_S) as (url, _):
         with open_page(url, height=1200) as page:
-            assert page.get_by_text("serving smollm2-135m").is_visible()
+            assert page.get_by_text(f"serving {SMOL}").is_visible()
             _set_number(page, "Max tokens", 8)
             page.get_by_role("button", name="Generate").click()
             page.get_by_text(re.compile(r"drafter ngram: .*finish: (length|stop)")).wait_for(timeout=RUN_S * 1000)

@@ -77,11 +77,6 @@ def test_ngram_index_follows_a_growing_context():
     assert drafter.propose(context, 2).tokens.tolist() == [7, 1]
 
 
-def test_drafters_speak_the_protocol(tiny_random_draft):
-    assert isinstance(NGramDrafter(), Drafter)
-    assert isinstance(ModelDrafter(tiny_random_draft), Drafter)
-
-
 def test_build_drafter_makes_each_named_drafter(tiny_random_draft):
     assert isinstance(build_drafter("ngram", None), NGramDrafter)
     model = build_drafter("model", tiny_random_draft)

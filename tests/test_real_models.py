@@ -15,35 +15,31 @@ from draftwise.config import DraftConfig, GenerationConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.lm import LanguageModel
-from draftwise.registry import REGISTRY, is_pulled, model_path
+from draftwise.registry import REGISTRY, model_path
 
 from hf_support import load_hf_model
+from real_support import PROMPT, SMOL, needs_smol
 
-pytestmark = pytest.mark.slow
-SMOL = REGISTRY["smollm2-135m"]
-PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+pytestmark = [pytest.mark.slow, needs_smol]
+ENTRY = REGISTRY[SMOL]
 
 
 @pytest.fixture(scope="module")
 def smol() -> LanguageModel:
-    if not is_pulled(SMOL):
-        pytest.skip("run `draftwise pull smollm2-135m` first (CI does)")
-    return load_hf_model(SMOL.name)
+    return load_hf_model(SMOL)
 
 
 def test_pulled_file_matches_the_registry_checksum():
-    if not is_pulled(SMOL):
-        pytest.skip("smollm2-135m is not pulled")
     digest = hashlib.sha256()
-    with open(model_path(SMOL), "rb") as handle:
+    with open(model_path(ENTRY), "rb") as handle:
         while chunk := handle.read(1 << 22):
             digest.update(chunk)
-    assert digest.hexdigest() == SMOL.sha256
+    assert digest.hexdigest() == ENTRY.sha256
 
 
 def test_gguf_conversion_cache_reloads_identical_weights(smol):
     # The fixture's load wrote (or read) the converted folder; a second load reads it.
-    again = load_hf_model(SMOL.name)
+    again = load_hf_model(SMOL)
     ids = smol.tokenizer.encode(PROMPT)
     smol.reset()
     assert torch.equal(smol.forward(ids), again.forward(ids))

@@ -22,13 +22,13 @@ from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
 from draftwise.drafters import ModelDrafter, NGramDrafter
 from draftwise.engine import SpeculativeEngine
-from draftwise.registry import REGISTRY, is_pulled
 from draftwise.remote.client import connect
 from draftwise.remote.server import create_app
 from draftwise.remote.settings import ClientSettings, VerifierSettings
 from draftwise.target import LocalTarget
 
 from cli_support import cli_server, free_port, run_cli
+from real_support import PROMPT as REAL_PROMPT, SMOL, needs_smol
 from server_support import serve_in_background
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
@@ -322,16 +322,15 @@ def test_open_session_bodies_are_bounded_by_max_context_before_parsing(tiny_targ
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not is_pulled(REGISTRY["smollm2-135m"]), reason="run `draftwise pull smollm2-135m` first")
+@needs_smol
 def test_ngram_through_a_real_verifier_gives_the_local_text_and_leaves_no_session(tmp_path):
     greedy = ["--max-new-tokens", "24", "--temperature", "0", "--ignore-eos", "--drafter", "ngram", "--json"]
-    prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
-    local = run_cli("generate", prompt, "--target", "smollm2-135m", *greedy)
+    local = run_cli("generate", REAL_PROMPT, "--target", SMOL, *greedy)
     assert local.returncode == 0, local.stderr
-    args = ["serve-verifier", "--target", "smollm2-135m", "--threads", "2"]
+    args = ["serve-verifier", "--target", SMOL, "--threads", "2"]
     with cli_server(args, "/health", tmp_path / "verifier.log") as (url, _process):
         # No --target: only the tokenizer of the model the verifier names loads here.
-        remote = run_cli("generate", prompt, "--verifier", url, *greedy)
+        remote = run_cli("generate", REAL_PROMPT, "--verifier", url, *greedy)
         left = _sessions(url)
     assert remote.returncode == 0, remote.stderr
     assert json.loads(remote.stdout)["tokens"] == json.loads(local.stdout)["tokens"]

@@ -6,11 +6,10 @@ threshold (so a correct rule passes deterministically and a wrong rule is caught
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from draftwise import (
     DraftConfig,
@@ -25,36 +24,7 @@ from draftwise import (
 from draftwise.lm import LanguageModel
 from draftwise.verify import logits_to_probs, sample, verify_sampling
 
-ALPHA = 1e-3
-
-
-def chi2_pvalue(counts: Counter, expected: dict[Hashable, float]) -> float:
-    """p-value of ``counts`` under the distribution ``expected``.
-
-    Cells expected fewer than 5 times are pooled (the chi-square approximation needs it); a
-    sample in a cell of probability zero is an outright failure (p-value 0).
-    """
-    n = sum(counts.values())
-    if any(expected.get(key, 0.0) <= 0.0 for key in counts):
-        return 0.0
-    observed, wanted, pooled_obs, pooled_exp = [], [], 0, 0.0
-    for key, prob in expected.items():
-        if prob * n >= 5:
-            observed.append(counts.get(key, 0))
-            wanted.append(prob * n)
-        else:
-            pooled_obs += counts.get(key, 0)
-            pooled_exp += prob * n
-    if pooled_exp > 0:
-        observed.append(pooled_obs)
-        wanted.append(pooled_exp)
-    total = sum(wanted)
-    wanted = [w * n / total for w in wanted]  # absorb float round-off so the sums agree
-    return float(chisquare(observed, wanted).pvalue)
-
-
-def as_dist(p: torch.Tensor) -> dict[int, float]:
-    return {i: float(v) for i, v in enumerate(p.double().tolist()) if v > 0}
+from stats_support import ALPHA, as_dist, chi2_pvalue
 
 
 def test_sample_follows_the_distribution_and_skips_zeros():

@@ -42,44 +42,28 @@ _EXPORTS = {
     "load_pair": "draftwise.loading",
 }
 
+# The one list of public names: ``__all__`` and the lazy lookup below both read it. The typing-only
+# imports under TYPE_CHECKING must name the same (tests/test_exports.py checks it).
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     # The names as their modules define them (the `X as X` form marks them as re-exported).
     from draftwise.config import (
         DraftConfig as DraftConfig,
-    )
-    from draftwise.config import (
         GenerationConfig as GenerationConfig,
-    )
-    from draftwise.config import (
         ModelOptions as ModelOptions,
-    )
-    from draftwise.config import (
         SamplingConfig as SamplingConfig,
     )
     from draftwise.drafters import (
         Drafter as Drafter,
-    )
-    from draftwise.drafters import (
         HybridDrafter as HybridDrafter,
-    )
-    from draftwise.drafters import (
         ModelDrafter as ModelDrafter,
-    )
-    from draftwise.drafters import (
         NGramDrafter as NGramDrafter,
-    )
-    from draftwise.drafters import (
         Proposal as Proposal,
     )
     from draftwise.engine import (
         GenerationResult as GenerationResult,
-    )
-    from draftwise.engine import (
         SpeculativeEngine as SpeculativeEngine,
-    )
-    from draftwise.engine import (
         autoregressive as autoregressive,
     )
     from draftwise.events import (
@@ -90,8 +74,6 @@ if TYPE_CHECKING:
     )
     from draftwise.loading import (
         load_lm as load_lm,
-    )
-    from draftwise.loading import (
         load_pair as load_pair,
     )
     from draftwise.metrics import (
@@ -99,14 +81,10 @@ if TYPE_CHECKING:
     )
     from draftwise.target import (
         LocalTarget as LocalTarget,
-    )
-    from draftwise.target import (
         Target as Target,
     )
     from draftwise.verify import (
         TokenSource as TokenSource,
-    )
-    from draftwise.verify import (
         Verdict as Verdict,
     )
 

@@ -18,9 +18,12 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from draftwise.errors import DraftwiseError
+
+if TYPE_CHECKING:
+    from draftwise.lm import Tokenizer
 
 
 class PromptError(DraftwiseError, ValueError):
@@ -102,7 +105,7 @@ def check_floor(pieces: list[str | int], limit: int | None) -> None:
 
 
 def encode_marked_up(
-    tokenizer: Any, text: str, restore: Mapping[str, str] | None = None, limit: int | None = None
+    tokenizer: Tokenizer, text: str, restore: Mapping[str, str] | None = None, limit: int | None = None
 ) -> list[int]:
     """Ids of ``text`` whose control strings (``tokenizer.control_tokens``) are markup and the
     rest plain text; ``restore`` maps placeholders back to the text they stand for. Refused
@@ -142,7 +145,7 @@ def _escaped(
     return escaped, {p: s for s, p in swap.items()}
 
 
-def encode_messages(tokenizer: Any, messages: list[dict[str, str]], limit: int | None = None) -> list[int]:
+def encode_messages(tokenizer: Tokenizer, messages: list[dict[str, str]], limit: int | None = None) -> list[int]:
     """Token ids of ``messages`` through the tokenizer's chat template, ending with the
     assistant's turn opening, so the model answers rather than continues. Only the
     template's own markup becomes control tokens; the messages are text (see above).
@@ -168,7 +171,7 @@ def encodable(text: str) -> str:
     return text
 
 
-def encode_raw(tokenizer: Any, text: str, parse_special: bool, limit: int | None = None) -> list[int]:
+def encode_raw(tokenizer: Tokenizer, text: str, parse_special: bool, limit: int | None = None) -> list[int]:
     """Ids of a raw (non-chat) prompt, with what the model adds on its own (a BOS token, for
     some). With ``parse_special`` control strings in it become control tokens, as llama.cpp's
     own programs read prompts; without, every character is text. ``PromptTooLong`` when
@@ -178,7 +181,7 @@ def encode_raw(tokenizer: Any, text: str, parse_special: bool, limit: int | None
     return list(tokenizer.encode(text, parse_special=parse_special))
 
 
-def encode_prompt(tokenizer: Any, text: str, chat: bool, parse_special: bool = False) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, text: str, chat: bool, parse_special: bool = False) -> list[int]:
     """Token ids of ``text``; with ``chat``, as a single user turn followed by the assistant's
     turn opening, so the model answers rather than continues the user's text."""
     if not text.strip():

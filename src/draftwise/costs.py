@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import functools
 import json
-import platform
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from draftwise.cpu import cpu_name, cpuinfo_text, kernel_flags
 from draftwise.drafters import MODEL
 from draftwise.lm import LanguageModel
 from draftwise.policies import CostProfile
@@ -29,14 +29,8 @@ REPEATS = 2  # each timing is the fastest of this many: noise on a shared machin
 
 
 def _cpu() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    wide = " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags)
-    return f"{name} [{wide}]"
+    text = cpuinfo_text()
+    return f"{cpu_name(text)} [{' '.join(kernel_flags(text))}]"
 
 
 def _context(lm: LanguageModel) -> list[int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -18,7 +17,7 @@ from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, ModelDrafter, Proposal
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
-from draftwise.lm import LanguageModel
+from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.metrics import GenerationMetrics
 from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy
 from draftwise.stopping import TextStream, first_eos
@@ -50,7 +49,12 @@ class _Run:
     """Bookkeeping of one generation: context, budget, stops, timings."""
 
     def __init__(
-        self, prompt: list[int], config: GenerationConfig, eos_ids: tuple[int, ...], tokenizer: Any, policy: DraftPolicy
+        self,
+        prompt: list[int],
+        config: GenerationConfig,
+        eos_ids: tuple[int, ...],
+        tokenizer: Tokenizer | None,
+        policy: DraftPolicy,
     ) -> None:
         self.config = config
         self.context = list(prompt)
@@ -193,7 +197,11 @@ class SpeculativeEngine:
     """
 
     def __init__(
-        self, target: Target, drafter: Drafter | None = None, tokenizer: Any = None, profile: CostProfile | None = None
+        self,
+        target: Target,
+        drafter: Drafter | None = None,
+        tokenizer: Tokenizer | None = None,
+        profile: CostProfile | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter

@@ -18,13 +18,12 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from draftwise.compat import check_compatible
 from draftwise.config import ModelOptions
 from draftwise.errors import ModelLoadError
-from draftwise.lm import LanguageModel
+from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.registry import REGISTRY, is_pulled, model_path
+from draftwise.tokenizer_compat import check_compatible
 
 Log = Callable[[str], None]
 LLAMA_CPP_INSTALL = (
@@ -103,7 +102,7 @@ def load_lm(
     return load_hf(source, location, options, draft=draft, log=log)
 
 
-def load_tokenizer(source: str, options: ModelOptions | None = None) -> Any:
+def load_tokenizer(source: str, options: ModelOptions | None = None) -> Tokenizer:
     """The tokenizer of ``source`` alone, as ``load_lm`` would give it, without the weights (a
     target that runs elsewhere, behind a verifier, and is drafted for by n-gram lookup here)."""
     location = resolve(source)

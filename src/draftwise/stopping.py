@@ -7,7 +7,10 @@ step and everything past a stop is dropped, however many tokens the target accep
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftwise.lm import Tokenizer
 
 
 class TextStream:
@@ -22,7 +25,7 @@ class TextStream:
     that decode a word's leading space differently at the start of a string.
     """
 
-    def __init__(self, tokenizer: Any, stop: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str]) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.tokens: list[int] = []

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from draftwise.backends.hf_cache import KVCache
+from draftwise.backends.hf_kv_cache import KVCache
 
 
 class HFTokenizer:

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from draftwise.backends.hf import HFModel
+from draftwise.backends.hf import HFModel, HFTokenizer
 from draftwise.backends.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, pack_linears, quantize_weights
 from draftwise.config import ModelOptions
+from draftwise.cpu import cpu_name
 from draftwise.errors import ModelLoadError
 from draftwise.registry import derived_path, home
 
@@ -65,14 +66,9 @@ def pick_dtype(root: Path | None = None) -> tuple[str, str]:
     without native bf16 instructions convert on the fly, which can cost more than it saves:
     only a measurement tells. The decision is cached per CPU, torch version and thread count.
     """
-    import platform
-
     import torch
 
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.processor()
-    )
-    key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|float32 packed for 1+8 rows"
+    key = f"{cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|float32 packed for 1+8 rows"
     cache = (root or home()) / "dtype.json"
     try:
         decisions = json.loads(cache.read_text())
@@ -101,13 +97,6 @@ def pick_dtype(root: Path | None = None) -> tuple[str, str]:
     except OSError:
         pass  # a read-only cache only costs re-measuring next time
     return dtype, why
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
 
 
 def _save_dequantized(model, tokenizer, folder: Path) -> None:
@@ -161,11 +150,9 @@ def _load_pretrained(source: str, torch_dtype):
     return model, tokenizer
 
 
-def load_hf_tokenizer(source: str, location: Path | str) -> Any:
+def load_hf_tokenizer(source: str, location: Path | str) -> HFTokenizer:
     """The tokenizer ``load_hf`` would give ``location`` (what ``resolve`` made of ``source``),
     without the weights."""
-    from draftwise.backends.hf import HFTokenizer
-
     if source.startswith("tiny:"):
         from draftwise.backends.tiny import tiny_tokenizer
 

@@ -16,6 +16,7 @@ from draftwise.bench.audit import NEAR_TIE
 from draftwise.bench.config import REFERENCE, BenchConfig
 from draftwise.bench.dataset import Prompt, subtask_order
 from draftwise.bench.store import Record
+from draftwise.cpu import cpu_name, kernel_flags
 
 REPORT = "report.md"
 SUMMARY = "summary.json"
@@ -30,21 +31,10 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _cpu_name() -> str:
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [
-            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
-        ]
-        cpu = names[0] if names else cpu
-    return cpu
-
-
 def node_info() -> dict[str, Any]:
     """The machine a record was measured on (every record carries it: a bench spread over a
     cluster says which node ran what, and the report says when nodes differ)."""
-    return {"host": platform.node(), "cpu": _cpu_name(), "cores": os.cpu_count(), "cpu_flags": _cpu_flags()}
+    return {"host": platform.node(), "cpu": cpu_name(), "cores": os.cpu_count(), "cpu_flags": _cpu_flags()}
 
 
 def machine_info() -> dict[str, Any]:
@@ -53,7 +43,7 @@ def machine_info() -> dict[str, Any]:
     from draftwise import __version__
 
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
@@ -68,15 +58,7 @@ def machine_info() -> dict[str, Any]:
 
 def _cpu_flags() -> str:
     """The vector extensions that decide CPU kernel speed (hosts of one kind differ)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    flags: set[str] = set()
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
-    return " ".join(f for f in wanted if f in flags)
+    return " ".join(kernel_flags())
 
 
 def _models_line(config: BenchConfig) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -27,9 +27,19 @@ from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, Mode
 from draftwise.errors import ConfigError, ModelLoadError, TargetError
 from draftwise.remote.settings import ClientSettings
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from draftwise.config import GenerationConfig
+    from draftwise.engine import GenerationResult, SpeculativeEngine
+    from draftwise.lm import LanguageModel, Tokenizer
+    from draftwise.metrics import GenerationMetrics
+    from draftwise.remote.client import RemoteTarget
+
 # --reconnect-s (ClientSettings): how a run rides out a verifier that goes away.
 FLAGS = (*GENERATION_FLAGS, Flags(ClientSettings))
 ALIASES = aliases_of(*FLAGS)
+
 STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
 LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
 
@@ -60,7 +70,7 @@ class TokenColours:
 
     WINDOW = 4  # tokens of context each piece is decoded in
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.tokens: list[int] = []
         self.styles: list[str] = []  # one style per decoded character not yet printed
@@ -92,7 +102,7 @@ class TokenColours:
         return out
 
 
-def _stats_table(metrics: Any, title: str):
+def _stats_table(metrics: GenerationMetrics, title: str):
     from rich.table import Table
 
     table = Table(title=title, show_header=False, title_justify="left")
@@ -143,11 +153,11 @@ class _Models:
 
     target: Any
     draft: Any
-    tokenizer: Any
+    tokenizer: Tokenizer
 
 
 @contextmanager
-def _connected(verifier: str | None, settings: ClientSettings | None) -> Iterator[Any]:
+def _connected(verifier: str | None, settings: ClientSettings | None) -> Iterator[RemoteTarget | None]:
     """The remote target at ``verifier`` (None without one), closed when the run is over."""
     if verifier is None:
         yield None
@@ -158,7 +168,9 @@ def _connected(verifier: str | None, settings: ClientSettings | None) -> Iterato
         yield remote
 
 
-def _load_for_remote(target: str, draft: str | None, remote: Any, models: ModelOptions, console: Any) -> _Models:
+def _load_for_remote(
+    target: str, draft: str | None, remote: RemoteTarget, models: ModelOptions, console: Console
+) -> _Models:
     """What runs here when a verifier runs the target: the draft model, which also supplies the
     tokenizer, or for n-gram drafting (no draft) the tokenizer of ``target`` alone."""
     from draftwise.loading import load_lm, load_tokenizer
@@ -167,7 +179,7 @@ def _load_for_remote(target: str, draft: str | None, remote: Any, models: ModelO
         with console.status(f"loading draft {draft}"):
             draft_lm = load_lm(draft, models, draft=True, log=console.print)
         remote.check_tokenizer(draft_lm.tokenizer)
-        return _Models(None, draft_lm, draft_lm.tokenizer)
+        return _Models(None, draft_lm, _tokenizer_of(draft_lm, draft))
     with console.status(f"loading the tokenizer of {target}"):
         try:
             tokenizer = load_tokenizer(target, models)
@@ -181,7 +193,12 @@ def _load_for_remote(target: str, draft: str | None, remote: Any, models: ModelO
 
 
 def _load(
-    target: str, draft: str | None, drafter: DrafterKind, remote: Any, models: ModelOptions, console: Any
+    target: str,
+    draft: str | None,
+    drafter: DrafterKind,
+    remote: RemoteTarget | None,
+    models: ModelOptions,
+    console: Console,
 ) -> _Models:
     from draftwise.loading import load_pair
 
@@ -190,10 +207,24 @@ def _load(
     log = console.print
     with console.status(f"loading {target}" + (f" and draft {draft}" if draft else "")):
         target_lm, draft_lm = load_pair(target, draft if drafter in NEEDS_DRAFT_MODEL else None, models, log=log)
-    return _Models(target_lm, draft_lm, target_lm.tokenizer)
+    return _Models(target_lm, draft_lm, _tokenizer_of(target_lm, target))
 
 
-def _engine(loaded: _Models, drafter: DrafterKind, remote: Any, ids: list[int], config: Any, console: Any) -> Any:
+def _tokenizer_of(lm: LanguageModel, source: str) -> Tokenizer:
+    """``lm``'s tokenizer: generate encodes its prompt with it, so a model without one stops here."""
+    if lm.tokenizer is None:
+        raise ModelLoadError(f"{source!r} has no tokenizer; generate needs one to encode the prompt")
+    return lm.tokenizer
+
+
+def _engine(
+    loaded: _Models,
+    drafter: DrafterKind,
+    remote: RemoteTarget | None,
+    ids: list[int],
+    config: GenerationConfig,
+    console: Console,
+) -> SpeculativeEngine:
     """The speculative engine: on the local target (both models warmed up first, their costs
     measured for the cost policy), or on a remote verifier."""
     from draftwise.costs import calibrate
@@ -216,7 +247,9 @@ def _engine(loaded: _Models, drafter: DrafterKind, remote: Any, ids: list[int], 
     return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), profile)
 
 
-def _speculate(engine: Any, ids: list[int], config: Any, tokenizer: Any, out: Any, show: bool) -> Any:
+def _speculate(
+    engine: SpeculativeEngine, ids: list[int], config: GenerationConfig, tokenizer: Tokenizer, out: Console, show: bool
+) -> GenerationResult:
     """Run the engine, printing each step's text coloured by provenance when ``show``."""
     from draftwise.engine import GenerationResult
 
@@ -233,7 +266,15 @@ def _speculate(engine: Any, ids: list[int], config: Any, tokenizer: Any, out: An
     return GenerationResult.from_events(ids, events)
 
 
-def _report(result: Any, baseline: Any, config: Any, label: str, run: dict[str, Any], as_json: bool, out: Any) -> None:
+def _report(
+    result: GenerationResult,
+    baseline: GenerationResult | None,
+    config: GenerationConfig,
+    label: str,
+    run: dict[str, Any],
+    as_json: bool,
+    out: Console,
+) -> None:
     if as_json:
         payload = {
             **run,
@@ -307,9 +348,9 @@ def _generate(
     chat: bool,
     compare: bool,
     as_json: bool,
-    remote: Any,
+    remote: RemoteTarget | None,
     models: ModelOptions,
-    config: Any,
+    config: GenerationConfig,
 ) -> None:
     from rich.console import Console
 
@@ -346,7 +387,7 @@ def _generate(
         )
 
 
-def _speedup(result: Any, baseline: Any) -> float:
+def _speedup(result: GenerationResult, baseline: GenerationResult) -> float:
     base = baseline.metrics.tokens_per_second
     return result.metrics.tokens_per_second / base if base else 0.0
 

@@ -12,15 +12,18 @@ difference is a near tie or a real disagreement.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftwise.bench.audit import NEAR_TIE, first_difference
 from draftwise.chat import encode_messages, encode_raw
 from draftwise.loadbench.prompts import LoadPrompt
 from draftwise.loadbench.stats import Mismatch
 
+if TYPE_CHECKING:
+    from draftwise.lm import Tokenizer
 
-def prompt_ids(tokenizer: Any, prompt: LoadPrompt) -> list[int]:
+
+def prompt_ids(tokenizer: Tokenizer, prompt: LoadPrompt) -> list[int]:
     """The prompt's ids as draftwise serve makes them (a chat turn through the template)."""
     if prompt.chat:
         return encode_messages(tokenizer, [{"role": "user", "content": prompt.text}])

@@ -11,31 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from draftwise.bench.audit import NEAR_TIE
+from draftwise.cpu import kernel_flags
 from draftwise.loadbench.config import LoadConfig
 from draftwise.loadbench.prompts import LoadPrompt
 
 CONFIG = "config.json"
 REPORT = "report.md"
 SUMMARY = "summary.json"
-# The CPU features that decide llama.cpp's and torch's kernels: AVX2, every AVX-512 part, AMX.
-FLAG_PREFIXES = ("avx2", "avx512", "amx")
-
-
-def cpu_flags(cpuinfo: str) -> list[str]:
-    """The vector and matrix extensions among the first ``flags`` line of /proc/cpuinfo."""
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(FLAG_PREFIXES))
-    return []
 
 
 def machine() -> dict[str, Any]:
     from draftwise.bench.report import node_info
 
     info = node_info()
-    cpuinfo = Path("/proc/cpuinfo")
-    text = cpuinfo.read_text() if cpuinfo.exists() else ""
-    return {"cpu": info["cpu"], "cores": info["cores"], "cpu_flags": cpu_flags(text), "platform": platform.platform()}
+    return {"cpu": info["cpu"], "cores": info["cores"], "cpu_flags": kernel_flags(), "platform": platform.platform()}
 
 
 def versions(llama_server: str | None) -> dict[str, Any]:

@@ -29,13 +29,16 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from draftwise.config import SamplingConfig
 from draftwise.errors import DraftwiseError
+
+if TYPE_CHECKING:
+    from draftwise.lm import Tokenizer
 
 PROTOCOL_VERSION = 1
 
@@ -134,7 +137,7 @@ def decode_verify_response(body: bytes, k: int) -> VerifyResponse:
     return VerifyResponse(n_accepted, next_token, server_seconds, probs)
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str | None:
+def tokenizer_fingerprint(tokenizer: Tokenizer | None) -> str | None:
     """A short hash of the token <-> id mapping (added tokens included): two tokenizers with
     the same fingerprint give every token the same id, which is what drafter and target
     must agree on. ``None`` without a tokenizer.

@@ -8,19 +8,20 @@ the vocabularies themselves are compared. ``verify`` aligns distributions of dif
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from draftwise.errors import IncompatibleModelsError
 
-__all__ = ["IncompatibleModelsError", "check_compatible"]
+if TYPE_CHECKING:
+    from draftwise.lm import Tokenizer
 
 
-def _vocab(tokenizer: Any) -> dict[str, int]:
+def _vocab(tokenizer: Tokenizer) -> dict[str, int]:
     return dict(tokenizer.get_vocab())
 
 
 def check_compatible(
-    target_tokenizer: Any, draft_tokenizer: Any, target_name: str = "target", draft_name: str = "draft"
+    target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer, target_name: str = "target", draft_name: str = "draft"
 ) -> None:
     """Raise ``IncompatibleModelsError`` unless both tokenizers map the same strings to the same ids."""
     target_vocab, draft_vocab = _vocab(target_tokenizer), _vocab(draft_tokenizer)
