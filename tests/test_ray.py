@@ -27,12 +27,12 @@ from draftwise.cluster import serve_app, verifier
 from draftwise.cluster.bench import WORKER_PREFIX
 from draftwise.cluster.fleet import REPORT_EVERY_S, served
 from draftwise.cluster.runtime import NAMESPACE, ClusterError
-from draftwise.cluster.settings import BenchWorkers, ServeScale
 from draftwise.config import DraftConfig, GenerationConfig
 from draftwise.drafters import ModelDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.remote.client import connect
 from draftwise.remote.settings import VerifierSettings
+from draftwise.serving import BenchWorkers, ServeScale
 
 from ray_support import LocalRay, inet_sockets, is_loopback, needs_ray
 from server_support import serve_in_background

@@ -16,9 +16,9 @@ import typer
 from draftwise.bench.config import METHODS, BenchConfig
 from draftwise.bench.dataset import SPEC_BENCH_SUBTASKS
 from draftwise.cli.options import field_option, progress_bar, with_cluster_options, with_model_options
-from draftwise.cluster.settings import BenchWorkers
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.errors import built
+from draftwise.serving import BenchWorkers
 
 # A first look: the 135M model, drafting for itself (the 'model' method) and with n-grams,
 # one prompt per subtask, 64 tokens.

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import typer
 
-from draftwise.api.settings import API_KEY_ENV, ServerSettings
+from draftwise.api.settings import ServerSettings
 from draftwise.cli.options import field_option, note, warn_if_exposed, with_cluster_options, with_model_options
-from draftwise.cluster.settings import ServeScale
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
 from draftwise.errors import built
 from draftwise.registry import DEFAULT_TARGET
+from draftwise.serving import API_KEY_ENV, ServeScale
 
 
 def _recommended(target: str) -> tuple[str | None, str]:

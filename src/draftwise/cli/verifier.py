@@ -9,10 +9,10 @@ from __future__ import annotations
 import typer
 
 from draftwise.cli.options import field_option, note, warn_if_exposed, with_cluster_options, with_model_options
-from draftwise.cluster.settings import ServeScale
 from draftwise.config import ModelOptions
 from draftwise.errors import built
 from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
+from draftwise.serving import ServeScale
 
 
 def register(app: typer.Typer) -> None:

@@ -26,8 +26,8 @@ from draftwise.bench.report import node_info
 from draftwise.bench.runner import Bench, Recorder, UnitRunner, load_models, unit_keys
 from draftwise.bench.store import Record
 from draftwise.cluster.runtime import NAMESPACE, ClusterError, ray_session
-from draftwise.cluster.settings import BenchWorkers
 from draftwise.errors import DraftwiseError
+from draftwise.serving import BenchWorkers
 
 WORKER_PREFIX = "draftwise-bench"  # workers are named actors: WORKER_PREFIX-RUN-N, in NAMESPACE
 # With no worker running a unit, how long the bench waits for one to start (load its models).

@@ -19,11 +19,11 @@ from typing import Any
 
 from draftwise.cluster.fleet import FleetReplica, Report, deployment_options, replica_log, serve_fleet
 from draftwise.cluster.serve_app import OVERFLOW
-from draftwise.cluster.settings import ServeScale
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import Affinity, Health, OpenSession, ServerInfo, SessionOpened
 from draftwise.remote.server import VerifierService
 from draftwise.remote.settings import VerifierSettings
+from draftwise.serving import ServeScale
 
 APP = "draftwise-verifier"
 # Serve's router reads the multiplexed model ID from this header.
