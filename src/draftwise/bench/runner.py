@@ -20,9 +20,10 @@ from draftwise.bench.analysis import decode_rate, percentile, summarize, token_l
 from draftwise.bench.audit import score_output
 from draftwise.bench.config import REFERENCE, BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt, load_prompts
-from draftwise.bench.methods import Method, Trace, build_methods
+from draftwise.bench.methods import build_methods
 from draftwise.bench.report import node_info
 from draftwise.bench.store import Record, ResultStore, record_key
+from draftwise.bench.trace import Method, Trace
 from draftwise.chat import encode_messages, encode_raw
 from draftwise.config import GenerationConfig
 from draftwise.costs import calibrate
