@@ -113,7 +113,7 @@ def _stats_table(metrics: Any, title: str):
 
 def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, DrafterKind]:
     """(draft model source, drafter kind): explicit flags win, else the registry's advice."""
-    from draftwise.registry import REGISTRY
+    from draftwise.prepare import recommended
 
     if drafter is not None and drafter not in DRAFTER_KINDS:
         kinds = ", ".join(f"'{kind}'" for kind in DRAFTER_KINDS[:-1]) + f" or '{DRAFTER_KINDS[-1]}'"
@@ -123,13 +123,12 @@ def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tupl
         return None, "ngram"
     if draft is not None:
         return draft, kind or "hybrid"
-    entry = REGISTRY.get(target)
-    recommended = entry.draft if entry is not None else None
+    advised_draft, advised_kind = recommended(target)
     if kind in NEEDS_DRAFT_MODEL:
-        if recommended in (None, "ngram"):
+        if advised_draft is None:
             raise ConfigError(f"--drafter {kind} needs --draft: no draft model is known for {target!r}")
-        return recommended, kind
-    return (recommended, "hybrid") if recommended not in (None, "ngram") else (None, "ngram")
+        return advised_draft, kind
+    return advised_draft, advised_kind
 
 
 @dataclass
@@ -140,6 +139,7 @@ class _Models:
     target: Any
     draft: Any
     tokenizer: Any
+    profile: Any = None  # what drafting costs with the local pair, for the cost policy
 
 
 @contextmanager
@@ -177,39 +177,28 @@ def _load_for_remote(target: str, draft: str | None, remote: Any, models: ModelO
 
 
 def _load(
-    target: str, draft: str | None, drafter: DrafterKind, remote: Any, models: ModelOptions, console: Any
+    target: str, draft: str | None, drafter: DrafterKind, remote: Any, models: ModelOptions, config: Any, console: Any
 ) -> _Models:
-    from draftwise.loading import load_pair
+    """The models of a run: through a verifier only what runs here, else the pair prepared as
+    every entry point prepares it (warmed up, its costs measured for the cost policy)."""
+    from draftwise.prepare import prepare_pair
 
     if remote is not None:
         return _load_for_remote(target, draft, remote, models, console)
     log = console.print
     with console.status(f"loading {target}" + (f" and draft {draft}" if draft else "")):
-        target_lm, draft_lm = load_pair(target, draft if drafter in NEEDS_DRAFT_MODEL else None, models, log=log)
-    return _Models(target_lm, draft_lm, target_lm.tokenizer)
+        pair = prepare_pair(target, draft if drafter in NEEDS_DRAFT_MODEL else None, models, config.draft, log=log)
+    return _Models(pair.target, pair.draft, pair.target.tokenizer, pair.profile)
 
 
-def _engine(loaded: _Models, drafter: DrafterKind, remote: Any, ids: list[int], config: Any, console: Any) -> Any:
-    """The speculative engine: on the local target (both models warmed up first, their costs
-    measured for the cost policy), or on a remote verifier."""
-    from draftwise.costs import calibrate
+def _engine(loaded: _Models, drafter: DrafterKind, remote: Any) -> Any:
+    """The speculative engine: on the local target, or on a remote verifier."""
     from draftwise.drafters import build_drafter
     from draftwise.engine import SpeculativeEngine
 
     if remote is not None:
         return SpeculativeEngine(remote, build_drafter(drafter, loaded.draft), tokenizer=loaded.tokenizer)
-    # One short pass per model first: the first call pages the weights in and picks kernels,
-    # a one-off cost that would otherwise be billed to whichever run goes first.
-    for lm in (loaded.target, loaded.draft):
-        if lm is not None:
-            lm.reset()
-            lm.forward(ids[:8], last=1)
-    profile = (
-        calibrate(loaded.target, loaded.draft, config.draft.k_max, console.print)
-        if config.draft.k_policy == "cost"
-        else None
-    )
-    return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), profile)
+    return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), loaded.profile)
 
 
 def _speculate(engine: Any, ids: list[int], config: Any, tokenizer: Any, out: Any, show: bool) -> Any:
@@ -314,9 +303,9 @@ def _generate(
     from draftwise.engine import autoregressive
 
     err, out = Console(stderr=True), Console(highlight=False)
-    loaded = _load(target, draft, drafter, remote, models, err)
+    loaded = _load(target, draft, drafter, remote, models, config, err)
     ids = encode_prompt(loaded.tokenizer, text, chat)
-    engine = _engine(loaded, drafter, remote, ids, config, err)
+    engine = _engine(loaded, drafter, remote)
     label = (
         f"{target} + "
         + {"model": f"{draft} drafter", "ngram": "n-gram drafter", "hybrid": f"n-gram / {draft} hybrid drafter"}[

@@ -12,19 +12,9 @@ from draftwise.api.settings import ServerSettings
 from draftwise.cli.options import field_option, note, warn_if_exposed, with_cluster_options, with_model_options
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
 from draftwise.errors import built
+from draftwise.prepare import recommended
 from draftwise.registry import DEFAULT_TARGET
 from draftwise.serving import API_KEY_ENV, ServeScale
-
-
-def _recommended(target: str) -> tuple[str | None, str]:
-    """(draft model, drafter) the registry recommends for ``target``; n-gram otherwise."""
-    from draftwise.registry import REGISTRY
-
-    entry = REGISTRY.get(target)
-    if entry is None or entry.draft in (None, "ngram"):
-        return None, "ngram"
-    return entry.draft, "hybrid"
-
 
 _ON_RAY = (
     "run on Ray Serve: replicas behind one endpoint, on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])"
@@ -64,7 +54,7 @@ def serve(
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
     plus /metrics (Prometheus), /health and /docs; with --ray, as replicas on Ray Serve."""
     if draft is None and drafter is None:
-        draft, drafter = _recommended(target)
+        draft, drafter = recommended(target)
     generation = built(GenerationConfig, max_new_tokens=max_tokens, draft=built(DraftConfig, k_policy=k_policy, k=k))
     settings = built(
         ServerSettings,
@@ -103,9 +93,14 @@ def _serve_here(settings: ServerSettings) -> None:
     import uvicorn
 
     from draftwise.api.app import create_app
+    from draftwise.prepare import prepare_pair
 
     note(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...")
-    server = create_app(settings, log=note)
+    # Loaded with the app's slots and handed over (own): each worker takes one of them.
+    pair = prepare_pair(
+        settings.target, settings.draft, settings.models, settings.generation.draft, slots=settings.slots, log=note
+    )
+    server = create_app(settings, pair, own=True)
     note(
         f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
         f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)"
