@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -19,6 +19,9 @@ from draftwise.cli.options import field_option, progress_bar, with_cluster_optio
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.errors import built
 from draftwise.serving import BenchWorkers
+
+if TYPE_CHECKING:
+    from draftwise.bench.runner import Measure
 
 # A first look: the 135M model, drafting for itself (the 'model' method) and with n-grams,
 # one prompt per subtask, 64 tokens.
@@ -145,7 +148,7 @@ def _run(config: BenchConfig, progress: bool) -> None:
     console.print(f"report: {report}")
 
 
-def _on_ray() -> Any:
+def _on_ray() -> Measure:
     """What runs the units with ``--ray``: the command, not the bench runner, chooses, so the
     bench stays below the Ray code. Fails here, in one line, when Ray is not installed."""
     from draftwise.cluster.bench import measure_on_ray
