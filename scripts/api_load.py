@@ -106,6 +106,7 @@ def server(args: argparse.Namespace) -> Iterator[str]:
     from draftwise.api.app import create_app
     from draftwise.api.settings import ServerSettings
     from draftwise.config import ModelOptions
+    from draftwise.prepare import prepare_pair
 
     settings = ServerSettings(
         target=args.target,
@@ -117,7 +118,15 @@ def server(args: argparse.Namespace) -> Iterator[str]:
         request_timeout=3600,
     )
     args.model = settings.served_model
-    app = create_app(settings, log=lambda note: print(note, file=sys.stderr))
+    pair = prepare_pair(
+        settings.target,
+        settings.draft,
+        settings.models,
+        settings.generation.draft,
+        slots=settings.slots,
+        log=lambda note: print(note, file=sys.stderr),
+    )
+    app = create_app(settings, pair, own=True)
     with serve_in_background(app) as url:
         yield url
 

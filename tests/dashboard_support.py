@@ -13,6 +13,7 @@ from draftwise.bench.config import BenchConfig
 from draftwise.bench.runner import run_bench
 from draftwise.config import GenerationConfig
 from draftwise.lm import LanguageModel
+from draftwise.prepare import Pair, prepare
 
 from server_support import serve_in_background
 
@@ -29,7 +30,7 @@ BENCH_PROMPTS = [
 def live_api(target: LanguageModel, draft: LanguageModel | None = None) -> Iterator[str]:
     """A real draftwise API server on 127.0.0.1 (a free port) over in-process tiny models."""
     app = create_app(
-        ServerSettings(target=MODEL, draft="tiny-draft" if draft is not None else None), target=target, draft=draft
+        ServerSettings(target=MODEL, draft="tiny-draft" if draft is not None else None), Pair(target, draft)
     )
     with serve_in_background(app) as url:
         yield url
@@ -48,5 +49,6 @@ def tiny_bench(folder: Path, target: LanguageModel, draft: LanguageModel) -> Pat
         methods=("baseline", "model", "ngram"),
         generation=GenerationConfig(max_new_tokens=8),
     )
-    run_bench(config, command="draftwise bench (dashboard test)", models=(target, draft))
+    pair = prepare(target, draft, config.generation.draft)  # as the bench prepares the pair it loads
+    run_bench(config, command="draftwise bench (dashboard test)", models=pair)
     return config.out

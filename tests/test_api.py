@@ -21,6 +21,7 @@ from draftwise.api.app import create_app  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.config import GenerationConfig  # noqa: E402
 from draftwise.engine import autoregressive  # noqa: E402
+from draftwise.prepare import Pair  # noqa: E402
 
 from server_support import serve_in_background  # noqa: E402
 
@@ -31,7 +32,7 @@ FIXED = {"k_policy": "fixed", "k": 4, "confidence_threshold": 0.0}
 
 
 def _serve(target, draft=None, **settings) -> Iterator[str]:
-    app = create_app(ServerSettings(target=MODEL, **settings), target=target, draft=draft)
+    app = create_app(ServerSettings(target=MODEL, **settings), Pair(target, draft))
     with serve_in_background(app) as url:
         yield url
 

@@ -8,13 +8,13 @@ from typer.testing import CliRunner
 pytest.importorskip("fastapi")
 
 from draftwise.cli import build_app
-from draftwise.cli.serve import _recommended
+from draftwise.prepare import recommended
 
 
 def test_serve_defaults_follow_the_registry():
-    assert _recommended("qwen2.5-coder-1.5b") == ("qwen2.5-coder-0.5b", "hybrid")
-    assert _recommended("smollm2-135m") == (None, "ngram")
-    assert _recommended("tiny:0") == (None, "ngram")
+    assert recommended("qwen2.5-coder-1.5b") == ("qwen2.5-coder-0.5b", "hybrid")
+    assert recommended("smollm2-135m") == (None, "ngram")
+    assert recommended("tiny:0") == (None, "ngram")
 
 
 def test_serve_help_lists_the_settings():

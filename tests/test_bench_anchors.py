@@ -14,14 +14,14 @@ from statistics import mean
 
 import pytest
 
-from draftwise.backends.anchors_llamacpp import (
+from draftwise.bench.analysis import OVERALL, decode_rate, prompt_decode_rate, summarize
+from draftwise.bench.anchors_llamacpp import (
     LlamaCppSpecMethod,
     _run_binary,
     parse_generated,
     parse_timings,
     spec_trace,
 )
-from draftwise.bench.analysis import OVERALL, decode_rate, prompt_decode_rate, summarize
 from draftwise.bench.config import BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt
 from draftwise.bench.report import render

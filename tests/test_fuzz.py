@@ -39,6 +39,7 @@ from hypothesis import (  # noqa: E402
 from draftwise.api.app import create_app as create_api  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer  # noqa: E402
+from draftwise.prepare import Pair  # noqa: E402
 from draftwise.remote.protocol import decode_verify_response, encode_verify_request  # noqa: E402
 from draftwise.remote.server import create_app as create_verifier  # noqa: E402
 from draftwise.remote.settings import VerifierSettings  # noqa: E402
@@ -65,7 +66,7 @@ HYPOTHESIS = settings(
 def api_url() -> Iterator[str]:
     # With a draft model, so every drafter a request may name exists.
     settings_ = ServerSettings(target="tiny:0", draft="tiny:1", api_key=KEY, max_context=CONTEXT, request_timeout=60)
-    with serve_in_background(create_api(settings_, target=tiny_lm(0), draft=tiny_lm(1))) as base:
+    with serve_in_background(create_api(settings_, Pair(tiny_lm(0), tiny_lm(1)))) as base:
         yield base
 
 

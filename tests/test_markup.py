@@ -141,10 +141,11 @@ def test_forged_turns_stay_text_in_a_chat(smol):
 def _served(smol, **settings):
     from draftwise.api.app import create_app
     from draftwise.api.settings import ServerSettings
+    from draftwise.prepare import Pair
 
     from server_support import serve_in_background
 
-    app = create_app(ServerSettings(target=SMOL, drafter="ngram", **settings), target=smol)
+    app = create_app(ServerSettings(target=SMOL, drafter="ngram", **settings), Pair(smol))
     return serve_in_background(app)
 
 

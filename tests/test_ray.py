@@ -24,15 +24,16 @@ from draftwise.bench.config import BenchConfig
 from draftwise.bench.report import _nodes_lines, nodes
 from draftwise.bench.runner import RESULTS, Bench, run_bench
 from draftwise.cluster import serve_app, verifier
-from draftwise.cluster.bench import WORKER_PREFIX
+from draftwise.cluster.bench import WORKER_PREFIX, measure_on_ray
 from draftwise.cluster.fleet import REPORT_EVERY_S, served
 from draftwise.cluster.runtime import NAMESPACE, ClusterError
-from draftwise.cluster.settings import BenchWorkers, ServeScale
 from draftwise.config import DraftConfig, GenerationConfig
 from draftwise.drafters import ModelDrafter
 from draftwise.engine import SpeculativeEngine
+from draftwise.prepare import prepare_pair
 from draftwise.remote.client import connect
 from draftwise.remote.settings import VerifierSettings
+from draftwise.serving import BenchWorkers, ServeScale
 
 from ray_support import LocalRay, inet_sockets, is_loopback, needs_ray
 from server_support import serve_in_background
@@ -89,7 +90,8 @@ def api_fleet(cluster: LocalRay) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def api_single() -> Iterator[str]:
-    with serve_in_background(create_app(API)) as url:
+    pair = prepare_pair(API.target, API.draft, API.models, API.generation.draft, slots=API.slots)
+    with serve_in_background(create_app(API, pair, own=True)) as url:
         yield url
 
 
@@ -361,7 +363,7 @@ def test_bench_on_workers_gives_the_same_tokens_and_survives_a_killed_worker(clu
     local = _bench(tmp_path, "local", None)
     run_bench(local)
     one = _bench(tmp_path, "one", 1)
-    run_bench(one)
+    run_bench(one, measure=measure_on_ray)
     killed: list[str] = []
 
     def kill_first_worker(record: dict[str, Any]) -> None:
@@ -371,7 +373,7 @@ def test_bench_on_workers_gives_the_same_tokens_and_survives_a_killed_worker(clu
 
     two = _bench(tmp_path, "two", 2)
     bench = Bench(two)
-    bench.run(on_record=kill_first_worker)
+    bench.run(on_record=kill_first_worker, measure=measure_on_ray)
     assert bench.retried_units >= 1 and killed[0].startswith(WORKER_PREFIX)
     expected = _tokens(local.out)
     assert len(expected) == len(ROWS) * 3
@@ -386,7 +388,7 @@ def test_bench_on_workers_gives_the_same_tokens_and_survives_a_killed_worker(clu
 def test_a_worker_that_cannot_load_its_models_stops_the_bench_with_its_error(cluster, tmp_path):
     config = _bench(tmp_path, "broken", 1).model_copy(update={"draft": "no-such-model"})
     with pytest.raises(ClusterError, match="unknown model 'no-such-model'"):
-        run_bench(config)
+        run_bench(config, measure=measure_on_ray)
     assert not (config.out / RESULTS).exists()
 
 

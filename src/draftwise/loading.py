@@ -9,8 +9,9 @@ A source is one of:
 
 ``--backend auto`` runs GGUF files (packaged models are GGUF files) on llama.cpp when
 llama-cpp-python is installed, and everything else, or GGUF without llama-cpp-python, on
-transformers. Every entry point loads through ``load_pair``, which also checks that a draft
-speaks the target's tokenizer.
+transformers. ``load_pair`` also checks that a draft speaks the target's tokenizer; every entry
+point loads through it, by way of ``draftwise.prepare.prepare_pair`` (which also warms the pair
+up and calibrates the cost policy).
 """
 
 from __future__ import annotations

@@ -3,8 +3,11 @@ prometheus-client).
 
     from draftwise.api.app import create_app
     from draftwise.api.settings import ServerSettings
+    from draftwise.prepare import prepare_pair
 
-    app = create_app(ServerSettings(target="tiny:0", drafter="ngram"))
+    settings = ServerSettings(target="tiny:0", drafter="ngram")
+    pair = prepare_pair(settings.target, settings.draft, settings.models, settings.generation.draft)
+    app = create_app(settings, pair, own=True)
 
 This package's ``__init__`` imports nothing, so the CLI can read ``ServerSettings`` for its
 flags without loading the web stack.

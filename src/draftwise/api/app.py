@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP app: ``create_app(settings)`` builds it, uvicorn serves it.
+"""The OpenAI-compatible HTTP app: ``create_app(settings, pair)`` builds it over a prepared pair
+(``draftwise.prepare.prepare_pair``), uvicorn serves it.
 
 Both endpoints, streaming or not, consume the same async stream of engine step events
 (``WorkerPool.run`` over ``SpeculativeEngine.stream``); streaming writes each step as an
@@ -34,7 +35,7 @@ from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
 from draftwise.lm import LanguageModel
 from draftwise.metrics import GenerationMetrics
-from draftwise.policies import CostProfile
+from draftwise.prepare import Pair
 from draftwise.verify import TokenSource
 from draftwise.web import BodyLimit, bearer_guard, error_responses
 
@@ -457,27 +458,20 @@ def _add_status_routes(app: FastAPI, service: _Service) -> None:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def create_app(
-    settings: ServerSettings,
-    *,
-    target: LanguageModel | None = None,
-    draft: LanguageModel | None = None,
-    log: Callable[[str], None] | None = None,
-) -> FastAPI:
-    """Build the server. Models are loaded from ``settings`` unless given; given models are
-    only read (each worker forks them: shared weights, KV caches of its own). Models loaded
-    here have ``settings.slots`` slots (on llama.cpp: one context whose slots' passes are
-    batched), one per worker, and get their costs measured for the cost policy
-    (``draftwise.costs``). ``log``
-    receives the loader's one-line notes (backend and dtype choice, first-time conversions)."""
+def create_app(settings: ServerSettings, pair: Pair, *, own: bool = False) -> FastAPI:
+    """Build the server's web parts over a pair prepared for it (``draftwise.prepare``: loaded,
+    warmed up, its costs measured for the cost policy); nothing is loaded here. Each of the
+    ``settings.slots`` workers forks the pair's models (shared weights, KV caches of their own),
+    so the given models stay the caller's; with ``own``, the first worker takes them themselves
+    (a pair loaded with ``settings.slots`` slots for this app, see ``prepare_pair``)."""
     from draftwise import __version__
 
-    loaded_here = target is None
-    target, draft, profile = _models(settings, target, draft, log)
+    if pair.target.tokenizer is None:
+        raise ModelLoadError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
     metrics = ServerMetrics()
-    workers = build_workers(target, draft, settings.slots, profile, own=loaded_here)
+    workers = build_workers(pair.target, pair.draft, settings.slots, pair.profile, own=own)
     pool = WorkerPool(workers, settings.queue_size, settings.request_timeout, metrics)
-    service = _Service(settings, target, draft is not None, pool, metrics)
+    service = _Service(settings, pair.target, pair.draft is not None, pool, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -501,26 +495,6 @@ def create_app(
     _add_status_routes(app, service)
     complete(app, settings.served_model)  # the rest of /openapi.json
     return app
-
-
-def _models(
-    settings: ServerSettings,
-    target: LanguageModel | None,
-    draft: LanguageModel | None,
-    log: Callable[[str], None] | None,
-) -> tuple[LanguageModel, LanguageModel | None, CostProfile | None]:
-    """The pair to serve (loaded and timed here unless given), and what drafting costs with it."""
-    from draftwise.costs import calibrate
-    from draftwise.loading import load_pair
-
-    profile = None
-    if target is None:
-        target, draft = load_pair(settings.target, settings.draft, settings.models, log=log, slots=settings.slots)
-        if settings.generation.draft.k_policy == "cost":
-            profile = calibrate(target, draft, settings.generation.draft.k_max, log, slots=settings.slots)
-    if target.tokenizer is None:
-        raise ModelLoadError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
-    return target, draft, profile
 
 
 def _install_middleware(app: FastAPI, settings: ServerSettings, metrics: ServerMetrics) -> list[Any]:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from draftwise.cluster.settings import ServeScale
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig, ModelOptions
-
-API_KEY_ENV = "DRAFTWISE_API_KEY"  # read by `draftwise serve`
+from draftwise.serving import ServeScale
 
 
 class ServerSettings(BaseModel):

@@ -13,9 +13,9 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from draftwise.cluster.settings import BenchWorkers
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig, ModelOptions
 from draftwise.errors import DraftwiseError
+from draftwise.serving import BenchWorkers
 
 # draftwise's own methods are plain decoding ("baseline") and one per drafter that drafts
 # (draftwise.config.DrafterKind); the anchors are other projects' decoding loops on the same

@@ -2,10 +2,10 @@
 
 draftwise methods consume ``SpeculativeEngine.stream`` (the one streaming core) and build
 ``GenerationMetrics`` from its events; anchors (other projects' own loops on the same model
-files: transformers' ``generate``, llama-cpp-python's and llama.cpp's) live with their backend
-(``draftwise.backends.anchors_hf``, ``draftwise.backends.anchors_llamacpp``). Either way a run
-yields a ``Trace``: the tokens, when each batch of them arrived, and per-step detail where
-the method exposes it.
+files: transformers' ``generate``, llama-cpp-python's and llama.cpp's) are in
+``draftwise.bench.anchors_hf`` and ``draftwise.bench.anchors_llamacpp``. Either way a run
+yields a ``Trace`` (``draftwise.bench.trace``): the tokens, when each batch of them arrived,
+and per-step detail where the method exposes it.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 from draftwise.bench.config import ANCHORS, HF_ANCHORS, BenchConfig, BenchError
+from draftwise.bench.trace import Method, Trace
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig
 from draftwise.drafters import build_drafter
 from draftwise.engine import SpeculativeEngine, autoregressive
@@ -27,31 +27,6 @@ from draftwise.policies import CostProfile
 if TYPE_CHECKING:
     from draftwise.backends.hf import HFModel
     from draftwise.backends.llamacpp import LlamaCppModel
-
-
-@dataclass
-class Trace:
-    """What one method did on one prompt."""
-
-    tokens: list[int]
-    arrivals: list[float]  # seconds from the call's start to each delivery of tokens
-    step_tokens: list[int]  # tokens in each delivery (one delivery per target pass)
-    wall_seconds: float
-    finish_reason: str | None
-    steps: dict[str, list[float]] | None = None  # draftwise only: per target pass, see DraftwiseMethod
-    metrics: dict[str, Any] | None = None  # draftwise only: GenerationMetrics.to_dict()
-    rollback_seconds: float | None = None  # draftwise only: time spent in KV-cache rollbacks
-    # False for a method that reports only its total time (llama.cpp's binary): arrivals then
-    # hold one delivery of every token at wall_seconds, and time to first token, per-token
-    # latency and tokens per pass are unknown rather than measured.
-    timed_deliveries: bool = True
-
-
-class Method(Protocol):
-    name: str
-
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Trace:
-        """Generate after ``prompt_ids`` and report what happened and when."""
 
 
 class RollbackTimer:
@@ -133,7 +108,7 @@ def _anchor(name: str, config: BenchConfig, target: LanguageModel, draft: Langua
                 f"method {name} runs transformers' generate: it needs --backend hf "
                 f"(the target runs on {target.backend})"
             )
-        from draftwise.backends.anchors_hf import HFMethod
+        from draftwise.bench.anchors_hf import HFMethod
 
         # backend "hf": the models are HFModels
         hf_draft = cast("HFModel | None", draft) if name == "hf-assisted" else None
@@ -143,7 +118,7 @@ def _anchor(name: str, config: BenchConfig, target: LanguageModel, draft: Langua
             f"method {name} runs llama.cpp on the GGUF files: it needs the llamacpp backend "
             f"(the target runs on {target.backend})"
         )
-    from draftwise.backends.anchors_llamacpp import build_llamacpp_anchor
+    from draftwise.bench.anchors_llamacpp import build_llamacpp_anchor
 
     # backend "llamacpp": the models are LlamaCppModels
     return build_llamacpp_anchor(name, config, cast("LlamaCppModel", target), cast("LlamaCppModel | None", draft))

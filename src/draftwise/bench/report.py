@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from draftwise.backends.anchor_settings import describe
 from draftwise.bench.analysis import OVERALL
+from draftwise.bench.anchor_settings import describe
 from draftwise.bench.audit import NEAR_TIE
 from draftwise.bench.config import REFERENCE, BenchConfig
 from draftwise.bench.dataset import Prompt, subtask_order

@@ -20,16 +20,19 @@ from draftwise.bench.analysis import decode_rate, percentile, summarize, token_l
 from draftwise.bench.audit import score_output
 from draftwise.bench.config import REFERENCE, BenchConfig, BenchError
 from draftwise.bench.dataset import Prompt, load_prompts
-from draftwise.bench.methods import Method, Trace, build_methods
+from draftwise.bench.methods import build_methods
 from draftwise.bench.report import node_info
 from draftwise.bench.store import Record, ResultStore, record_key
+from draftwise.bench.trace import Method, Trace
 from draftwise.chat import encode_messages, encode_raw
 from draftwise.config import GenerationConfig
-from draftwise.costs import calibrate
-from draftwise.lm import LanguageModel
+from draftwise.prepare import Pair, prepare_pair
 
 RESULTS = "results.jsonl"
 WARMUP_TOKENS = 8
+# Runs a bench's pending units elsewhere (on Ray workers), handing each record to the
+# recorder; returns how many units ran again after their worker died.
+Measure = Callable[["Bench", "Recorder"], int]
 
 
 class PromptBuilder:
@@ -140,10 +143,11 @@ def _record(
     return record
 
 
-def load_models(config: BenchConfig) -> tuple[LanguageModel, LanguageModel | None]:
-    from draftwise.loading import load_pair
-
-    return load_pair(config.target, config.draft if config.needs_draft_model else None, config.models)
+def load_models(config: BenchConfig) -> Pair:
+    """The bench's pair, prepared as every entry point prepares it (warmed up, its costs
+    measured for the cost policy); the draft model only where a method needs it."""
+    draft = config.draft if config.needs_draft_model else None
+    return prepare_pair(config.target, draft, config.models, config.generation.draft)
 
 
 def generation_for(
@@ -165,21 +169,12 @@ class UnitRunner:
     interleaved, so every speedup is a ratio measured on one machine. The local bench runs its
     units one after another; ``draftwise bench --ray`` gives each Ray worker a ``UnitRunner``."""
 
-    def __init__(
-        self,
-        config: BenchConfig,
-        target: LanguageModel,
-        draft: LanguageModel | None,
-        node: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, config: BenchConfig, pair: Pair, node: dict[str, Any] | None = None) -> None:
         self.config = config
         self.config_hash = config.results_hash()
-        self.target = target
-        # What drafting costs with these models on this machine, for the cost policy.
-        drafting = config.generation.draft
-        profile = calibrate(target, draft, drafting.k_max) if drafting.k_policy == "cost" else None
-        self.methods, self._timers = build_methods(config, target, draft, profile)
-        self.builder = PromptBuilder(target.tokenizer, config.chat_template)
+        self.target = pair.target
+        self.methods, self._timers = build_methods(config, pair.target, pair.draft, pair.profile)
+        self.builder = PromptBuilder(pair.target.tokenizer, config.chat_template)
         self.node = node or node_info()  # which machine ran each record, and its CPU
         self._scores: dict[int, tuple[float | None, list[float]]] = {}
 
@@ -284,10 +279,6 @@ class Bench:
                 "decoding loops), to the model's EOS or the token limit; stop strings and ignore_eos have no "
                 "equivalent there: leave them unset"
             )
-        if config.ray is not None:
-            from draftwise.cluster.runtime import check_installed
-
-            check_installed()  # before any prompt is loaded or line printed
         self.config = config
         self.prompts = load_prompts(config.data, config.subtasks, config.limit)
         self.config_hash = config.results_hash()
@@ -308,32 +299,34 @@ class Bench:
             if any(self.store.get(key) is None for key in unit_keys(prompt, self.config, self.config_hash))
         ]
 
-    def load_models(self) -> tuple[LanguageModel, LanguageModel | None]:
+    def load_models(self) -> Pair:
         return load_models(self.config)
 
     def run(
         self,
         progress: Any = None,
         on_record: Callable[[Record], None] | None = None,
-        models: tuple[LanguageModel, LanguageModel | None] | None = None,
+        models: Pair | None = None,
+        measure: Measure | None = None,
     ) -> list[Record]:
         """Run every pending unit; return the records of this configuration and selection.
 
-        ``progress`` is a rich ``Progress`` (or None); ``on_record`` sees each new record. With
-        ``config.ray`` the units run on Ray workers (``models`` is then unused).
+        ``progress`` is a rich ``Progress`` (or None); ``on_record`` sees each new record. The
+        units run here on ``models`` (prepared here unless given), or, given ``measure``, by it
+        (``draftwise bench --ray`` passes ``draftwise.cluster.bench.measure_on_ray``): the
+        caller chooses, so the bench never imports the Ray code above it.
         """
+        if self.config.ray is not None and measure is None:
+            raise BenchError("this bench runs on Ray workers (config.ray): pass the measure that runs them")
         self.config.out.mkdir(parents=True, exist_ok=True)
         (self.config.out / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         todo = self.pending()
         if todo:
             recorder = Recorder(self.store, self.records(), todo, progress, on_record, self.config.methods)
-            if self.config.ray is not None:
-                from draftwise.cluster.bench import measure_on_ray
-
-                self.retried_units += measure_on_ray(self, recorder)
+            if measure is not None:
+                self.retried_units += measure(self, recorder)
             else:
-                target, draft = models or self.load_models()
-                self._measure(target, draft, recorder)
+                self._measure(models or self.load_models(), recorder)
         return self.records()
 
     def records(self) -> list[Record]:
@@ -344,8 +337,8 @@ class Bench:
             if r["prompt_id"] in wanted and r["method"] in self.config.methods
         ]
 
-    def _measure(self, target: LanguageModel, draft: LanguageModel | None, recorder: Recorder) -> None:
-        runner = UnitRunner(self.config, target, draft)
+    def _measure(self, pair: Pair, recorder: Recorder) -> None:
+        runner = UnitRunner(self.config, pair)
         try:
             if self.config.warmup:
                 runner.warm_up(self.prompts[0])
@@ -365,14 +358,16 @@ def run_bench(
     command: str | None = None,
     progress: Any = None,
     on_record: Callable[[Record], None] | None = None,
-    models: tuple[LanguageModel, LanguageModel | None] | None = None,
+    models: Pair | None = None,
+    measure: Measure | None = None,
 ) -> Path:
-    """Measure what is pending, then write summary.json, the plots and report.md; return the report's path."""
+    """Measure what is pending (see ``Bench.run``), then write summary.json, the plots and
+    report.md; return the report's path."""
     from draftwise.bench.plots import write_plots
     from draftwise.bench.report import write_report
 
     bench = Bench(config)
-    records = bench.run(progress=progress, on_record=on_record, models=models)
+    records = bench.run(progress=progress, on_record=on_record, models=models, measure=measure)
     summary = bench.summary()
     plots = write_plots(config.out, summary, records, config.methods)
     return write_report(config.out, summary, config, bench.prompts, records, command, [str(p) for p in plots])

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from draftwise.engine import GenerationResult, SpeculativeEngine
     from draftwise.lm import LanguageModel, Tokenizer
     from draftwise.metrics import GenerationMetrics
+    from draftwise.policies import CostProfile
     from draftwise.remote.client import RemoteTarget
 
 # --reconnect-s (ClientSettings): how a run rides out a verifier that goes away.
@@ -127,7 +128,7 @@ def _stats_table(metrics: GenerationMetrics, title: str):
 
 def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, DrafterKind]:
     """(draft model source, drafter kind): explicit flags win, else the registry's advice."""
-    from draftwise.registry import REGISTRY
+    from draftwise.prepare import recommended
 
     if drafter is not None and drafter not in DRAFTER_KINDS:
         kinds = ", ".join(f"'{kind}'" for kind in DRAFTER_KINDS[:-1]) + f" or '{DRAFTER_KINDS[-1]}'"
@@ -137,13 +138,12 @@ def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tupl
         return None, "ngram"
     if draft is not None:
         return draft, kind or "hybrid"
-    entry = REGISTRY.get(target)
-    recommended = entry.draft if entry is not None else None
+    advised_draft, advised_kind = recommended(target)
     if kind in NEEDS_DRAFT_MODEL:
-        if recommended in (None, "ngram"):
+        if advised_draft is None:
             raise ConfigError(f"--drafter {kind} needs --draft: no draft model is known for {target!r}")
-        return recommended, kind
-    return (recommended, "hybrid") if recommended not in (None, "ngram") else (None, "ngram")
+        return advised_draft, kind
+    return advised_draft, advised_kind
 
 
 @dataclass
@@ -154,6 +154,7 @@ class _Models:
     target: Any
     draft: Any
     tokenizer: Tokenizer
+    profile: CostProfile | None = None  # what drafting costs with the local pair, for the cost policy
 
 
 @contextmanager
@@ -198,16 +199,19 @@ def _load(
     drafter: DrafterKind,
     remote: RemoteTarget | None,
     models: ModelOptions,
+    config: GenerationConfig,
     console: Console,
 ) -> _Models:
-    from draftwise.loading import load_pair
+    """The models of a run: through a verifier only what runs here, else the pair prepared as
+    every entry point prepares it (warmed up, its costs measured for the cost policy)."""
+    from draftwise.prepare import prepare_pair
 
     if remote is not None:
         return _load_for_remote(target, draft, remote, models, console)
     log = console.print
     with console.status(f"loading {target}" + (f" and draft {draft}" if draft else "")):
-        target_lm, draft_lm = load_pair(target, draft if drafter in NEEDS_DRAFT_MODEL else None, models, log=log)
-    return _Models(target_lm, draft_lm, _tokenizer_of(target_lm, target))
+        pair = prepare_pair(target, draft if drafter in NEEDS_DRAFT_MODEL else None, models, config.draft, log=log)
+    return _Models(pair.target, pair.draft, _tokenizer_of(pair.target, target), pair.profile)
 
 
 def _tokenizer_of(lm: LanguageModel, source: str) -> Tokenizer:
@@ -217,34 +221,14 @@ def _tokenizer_of(lm: LanguageModel, source: str) -> Tokenizer:
     return lm.tokenizer
 
 
-def _engine(
-    loaded: _Models,
-    drafter: DrafterKind,
-    remote: RemoteTarget | None,
-    ids: list[int],
-    config: GenerationConfig,
-    console: Console,
-) -> SpeculativeEngine:
-    """The speculative engine: on the local target (both models warmed up first, their costs
-    measured for the cost policy), or on a remote verifier."""
-    from draftwise.costs import calibrate
+def _engine(loaded: _Models, drafter: DrafterKind, remote: RemoteTarget | None) -> SpeculativeEngine:
+    """The speculative engine: on the local target, or on a remote verifier."""
     from draftwise.drafters import build_drafter
     from draftwise.engine import SpeculativeEngine
 
     if remote is not None:
         return SpeculativeEngine(remote, build_drafter(drafter, loaded.draft), tokenizer=loaded.tokenizer)
-    # One short pass per model first: the first call pages the weights in and picks kernels,
-    # a one-off cost that would otherwise be billed to whichever run goes first.
-    for lm in (loaded.target, loaded.draft):
-        if lm is not None:
-            lm.reset()
-            lm.forward(ids[:8], last=1)
-    profile = (
-        calibrate(loaded.target, loaded.draft, config.draft.k_max, console.print)
-        if config.draft.k_policy == "cost"
-        else None
-    )
-    return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), profile)
+    return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), loaded.profile)
 
 
 def _speculate(
@@ -358,9 +342,9 @@ def _generate(
     from draftwise.engine import autoregressive
 
     err, out = Console(stderr=True), Console(highlight=False)
-    loaded = _load(target, draft, drafter, remote, models, err)
+    loaded = _load(target, draft, drafter, remote, models, config, err)
     ids = encode_prompt(loaded.tokenizer, text, chat)
-    engine = _engine(loaded, drafter, remote, ids, config, err)
+    engine = _engine(loaded, drafter, remote)
     label = (
         f"{target} + "
         + {"model": f"{draft} drafter", "ngram": "n-gram drafter", "hybrid": f"n-gram / {draft} hybrid drafter"}[

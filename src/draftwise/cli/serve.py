@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from draftwise.api.settings import API_KEY_ENV, ServerSettings
+from draftwise.api.settings import ServerSettings
 from draftwise.cli.options import (
     Flags,
     aliases_of,
@@ -22,20 +22,10 @@ from draftwise.cli.options import (
     with_flags,
     with_model_options,
 )
-from draftwise.cluster.settings import ServeScale
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
+from draftwise.prepare import recommended
 from draftwise.registry import DEFAULT_TARGET
-
-
-def _recommended(target: str) -> tuple[str | None, str]:
-    """(draft model, drafter) the registry recommends for ``target``; n-gram otherwise."""
-    from draftwise.registry import REGISTRY
-
-    entry = REGISTRY.get(target)
-    if entry is None or entry.draft in (None, "ngram"):
-        return None, "ngram"
-    return entry.draft, "hybrid"
-
+from draftwise.serving import API_KEY_ENV, ServeScale
 
 _ON_RAY = (
     "run on Ray Serve: replicas behind one endpoint, on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])"
@@ -91,7 +81,7 @@ def serve(
     plus /metrics (Prometheus), /health and /docs; with --ray, as replicas on Ray Serve."""
     server = dict(given[ServerSettings])
     if server.get("draft") is None and server.get("drafter") is None:
-        server["draft"], server["drafter"] = _recommended(server["target"])
+        server["draft"], server["drafter"] = recommended(server["target"])
     draft = built(DraftConfig, aliases=ALIASES, **given[DraftConfig])
     generation = built(GenerationConfig, aliases=ALIASES, **given[GenerationConfig], draft=draft)
     settings = built(ServerSettings, aliases=ALIASES, **server, models=models, ray=ray, generation=generation)
@@ -113,9 +103,14 @@ def _serve_here(settings: ServerSettings) -> None:
     import uvicorn
 
     from draftwise.api.app import create_app
+    from draftwise.prepare import prepare_pair
 
     note(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...")
-    server = create_app(settings, log=note)
+    # Loaded with the app's slots and handed over (own): each worker takes one of them.
+    pair = prepare_pair(
+        settings.target, settings.draft, settings.models, settings.generation.draft, slots=settings.slots, log=note
+    )
+    server = create_app(settings, pair, own=True)
     note(
         f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
         f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)"

@@ -21,9 +21,9 @@ from draftwise.cli.options import (
     with_flags,
     with_model_options,
 )
-from draftwise.cluster.settings import ServeScale
 from draftwise.config import ModelOptions
 from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
+from draftwise.serving import ServeScale
 
 FLAGS = (
     Flags(
@@ -78,9 +78,13 @@ def _serve_here(settings: VerifierSettings) -> None:
     """This process, on uvicorn."""
     import uvicorn
 
+    from draftwise.prepare import prepare_pair
     from draftwise.remote.server import create_app
 
-    verifier = create_app(settings, log=note)
+    # One slot more than batched sessions: the loaded model itself stays idle. Nothing drafts
+    # here, so nothing is calibrated.
+    pair = prepare_pair(settings.target, None, settings.models, None, slots=settings.slots, spare_slots=1, log=note)
+    verifier = create_app(settings, pair.target)
     warn_if_exposed(settings.host, settings.api_key)
     note(f"draftwise verifier: {settings.target} on http://{settings.host}:{settings.port} (API docs at /docs)")
     # uvicorn stops cleanly on Ctrl-C / SIGTERM (the lifespan closes every session) and

@@ -13,4 +13,7 @@ the one-machine code (``api.app.create_app``, ``remote.server.VerifierService``,
   its worker dies;
 * ``fleet``: what the replicas share (a board of their latest reports) and the Serve plumbing;
 * ``runtime``: joining a cluster, or starting a local Ray bound to 127.0.0.1.
+
+The settings of all of them (``ServeScale``, ``BenchWorkers``) are in ``draftwise.serving``,
+below the servers and the bench that carry them.
 """

@@ -26,8 +26,8 @@ from draftwise.bench.report import node_info
 from draftwise.bench.runner import Bench, Recorder, UnitRunner, load_models, unit_keys
 from draftwise.bench.store import Record
 from draftwise.cluster.runtime import NAMESPACE, ClusterError, ray_session
-from draftwise.cluster.settings import BenchWorkers
 from draftwise.errors import DraftwiseError
+from draftwise.serving import BenchWorkers
 
 WORKER_PREFIX = "draftwise-bench"  # workers are named actors: WORKER_PREFIX-RUN-N, in NAMESPACE
 # With no worker running a unit, how long the bench waits for one to start (load its models).
@@ -40,9 +40,9 @@ class BenchWorker:
     def __init__(self, config: BenchConfig, name: str, warm: Prompt | None) -> None:
         import ray
 
-        target, draft = load_models(config)
+        pair = load_models(config)  # prepared as the local bench prepares it
         node = {**node_info(), "ray_node": ray.get_runtime_context().get_node_id(), "worker": name}
-        self.runner = UnitRunner(config, target, draft, node)
+        self.runner = UnitRunner(config, pair, node)
         if warm is not None:
             self.runner.warm_up(warm)
 
@@ -187,7 +187,7 @@ def _settle_unit(pool: _Pool, ref: Any, queue: deque[_Unit], recorder: Recorder)
 def measure_on_ray(bench: Bench, recorder: Recorder) -> int:
     """Run ``bench``'s pending units on Ray workers (``bench.config.ray``), appending each unit's
     records to its results as the unit comes back; return how many units ran again after their
-    worker died."""
+    worker died. ``draftwise bench --ray`` passes this to ``run_bench`` as its ``measure``."""
     options = bench.config.ray
     if options is None:
         raise ValueError("measure_on_ray needs config.ray")

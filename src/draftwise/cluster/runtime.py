@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from draftwise.cluster.settings import RayOptions
 from draftwise.errors import DraftwiseError
+from draftwise.serving import RayOptions
 
 RAY_INSTALL = "pip install 'draftwise[ray]'"
 NAMESPACE = "draftwise"  # Ray namespace of draftwise's own named actors (Serve keeps its own, "serve")

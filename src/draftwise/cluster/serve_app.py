@@ -1,6 +1,7 @@
 """``draftwise serve --ray``: the OpenAI-compatible app as a Ray Serve deployment.
 
-Each replica loads the pair once and serves the very app a plain ``draftwise serve`` does
+Each replica prepares the pair once, as a plain ``draftwise serve`` does (``prepare_pair``:
+loaded, warmed up, the cost policy calibrated), and serves the very app it does
 (``create_app``): same routes, errors, auth, limits, per-request ``speculative`` settings and
 streaming, through Serve's proxy. A client that disconnects still cancels its generation: the
 proxy cancels the request on the replica, which closes its job as it would under uvicorn.
@@ -17,7 +18,7 @@ from typing import Any
 
 from draftwise.api.settings import ServerSettings
 from draftwise.cluster.fleet import FleetReplica, Report, deployment_options, replica_log, serve_fleet
-from draftwise.cluster.settings import ServeScale
+from draftwise.serving import ServeScale
 
 APP = "draftwise"
 # A replica is sent this many requests beyond its slots and queue, so that an overfull replica
@@ -66,21 +67,28 @@ class ApiReplica(FleetReplica):
     fleet_path = "/metrics"
 
     def __init__(self, settings: ServerSettings) -> None:
-        from draftwise.loading import load_pair
+        from draftwise.prepare import prepare_pair
 
         super().__init__()
         self.settings = settings
-        # One slot more than the app's workers: these models stay the replica's own, and each
+        # Prepared as a plain `serve` prepares it (warmed up, the cost policy calibrated), with
+        # one slot more than the app's workers: these models stay the replica's own, and each
         # worker forks one of the other slots.
-        self.target, self.draft = load_pair(
-            settings.target, settings.draft, settings.models, log=replica_log, slots=settings.slots + 1
+        self.pair = prepare_pair(
+            settings.target,
+            settings.draft,
+            settings.models,
+            settings.generation.draft,
+            slots=settings.slots,
+            spare_slots=1,
+            log=replica_log,
         )
         self.registry: Any = None
 
     def build(self) -> Any:
         from draftwise.api.app import create_app
 
-        app = create_app(self.settings, target=self.target, draft=self.draft)
+        app = create_app(self.settings, self.pair)
         self.registry = app.state.metrics.registry
         return app
 

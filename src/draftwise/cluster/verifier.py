@@ -19,11 +19,11 @@ from typing import Any
 
 from draftwise.cluster.fleet import FleetReplica, Report, deployment_options, replica_log, serve_fleet
 from draftwise.cluster.serve_app import OVERFLOW
-from draftwise.cluster.settings import ServeScale
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import Affinity, Health, OpenSession, ServerInfo, SessionOpened
 from draftwise.remote.server import VerifierService
 from draftwise.remote.settings import VerifierSettings
+from draftwise.serving import ServeScale
 
 APP = "draftwise-verifier"
 # Serve's router reads the multiplexed model ID from this header.
@@ -77,11 +77,15 @@ class VerifierReplica(FleetReplica):
     def __init__(self, settings: VerifierSettings) -> None:
         from ray import serve
 
-        from draftwise.loading import load_lm
+        from draftwise.prepare import prepare_pair
 
         super().__init__()
         self.settings = settings
-        self.lm = load_lm(settings.target, settings.models, log=replica_log, slots=settings.slots + 1)
+        # As a plain serve-verifier prepares it: a slot more than batched sessions, idle itself.
+        pair = prepare_pair(
+            settings.target, None, settings.models, None, slots=settings.slots, spare_slots=1, log=replica_log
+        )
+        self.lm = pair.target
 
         async def hold(session_id: str) -> str:
             return session_id  # the session lives in the service; Serve only keeps its ID

@@ -15,7 +15,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from draftwise.backends.anchor_settings import spec_draft_max
+from draftwise.bench.anchor_settings import spec_draft_max
 from draftwise.config import DraftConfig, DrafterName, GenerationConfig, ModelOptions
 from draftwise.errors import ConfigError
 from draftwise.registry import DEFAULT_TARGET, REGISTRY

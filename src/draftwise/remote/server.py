@@ -6,7 +6,7 @@ remote run makes the same decisions as a local one: the verification code is the
 On llama.cpp the first ``slots`` sessions are sequences of one context, and the verify
 passes of sessions served at the same time go into one ``llama_decode``.
 
-Built by ``create_app(settings)``; all state lives in the app it returns.
+Built by ``create_app(settings, lm)`` over a loaded target; all state lives in the app it returns.
 """
 
 from __future__ import annotations
@@ -439,24 +439,18 @@ def _session_routes(service: VerifierService, authorize: Callable[..., Any]) -> 
 
 
 def create_app(
-    settings: VerifierSettings,
-    lm: LanguageModel | None = None,
-    log: Callable[[str], None] | None = None,
-    *,
-    service: VerifierService | None = None,
+    settings: VerifierSettings, lm: LanguageModel | None = None, *, service: VerifierService | None = None
 ) -> FastAPI:
-    """Build the verifier app; loads ``settings.target`` unless a loaded ``lm`` is given, or a
-    ``service`` (over its own model: a fleet replica's, see ``draftwise.cluster.verifier``).
+    """Build the verifier's web parts over a loaded target ``lm`` (``draftwise.prepare``: loaded
+    with a slot more than ``settings.slots``, see ``serve-verifier``), or over a ``service`` on
+    its own model (a fleet replica's, see ``draftwise.cluster.verifier``); nothing is loaded here.
 
     Open without a key: ``/health`` (for probes) and the API's description (``/docs``,
     ``/redoc``, ``/openapi.json``); every other route needs the key when there is one.
     """
     if service is None:
         if lm is None:
-            from draftwise.loading import load_lm
-
-            # One slot more than batched sessions: the loaded model itself stays idle.
-            lm = load_lm(settings.target, settings.models, log=log, slots=settings.slots + 1)
+            raise ValueError("create_app needs the loaded target (lm) or a service over it")
         service = VerifierService(settings, lm)
 
     app = FastAPI(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from draftwise.cluster.settings import ServeScale
 from draftwise.config import ModelOptions
+from draftwise.serving import ServeScale
 
 API_KEY_ENV = "DRAFTWISE_VERIFIER_API_KEY"  # read by serve-verifier and by the client
 

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from draftwise.backends.anchor_settings import pld_tokens, spec_draft_max
 from draftwise.backends.llamacpp import BATCH, LlamaCppModel
+from draftwise.bench.anchor_settings import pld_tokens, spec_draft_max
 from draftwise.bench.config import BenchConfig, BenchError
-from draftwise.bench.methods import Method, Trace
+from draftwise.bench.trace import Method, Trace
 from draftwise.config import GenerationConfig, SamplingConfig
 
 SPEC_BINARY = "llama-speculative-simple"

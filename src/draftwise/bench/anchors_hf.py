@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from draftwise.backends.anchor_settings import HF_SCHEDULE, pld_tokens
 from draftwise.backends.hf import HFModel
-from draftwise.bench.methods import Trace
+from draftwise.bench.anchor_settings import HF_SCHEDULE, pld_tokens
+from draftwise.bench.trace import Trace
 from draftwise.config import GenerationConfig
 
 

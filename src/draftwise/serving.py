@@ -1,6 +1,10 @@
-"""Cluster settings: the one source of truth for ``--ray``, ``--ray-address``, ``--replicas`` and
-the rest. They hang off the settings they extend (``ServerSettings.ray``,
-``VerifierSettings.ray``, ``BenchConfig.ray``); ``None`` there means one process, as before.
+"""Settings the servers and the bench share, below every service that reads them.
+
+How a server or the bench spreads over Ray (``--ray``, ``--ray-address``, ``--replicas`` and
+the rest) is one source of truth here. The settings hang off the ones they extend
+(``ServerSettings.ray``, ``VerifierSettings.ray``, ``BenchConfig.ray``); ``None`` there means
+one process. They live in the config layer, not in ``draftwise.cluster``, so that the
+one-process servers can name them without importing the Ray code above them.
 
 Plain pydantic: importing this module does not need Ray.
 """
@@ -8,6 +12,10 @@ Plain pydantic: importing this module does not need Ray.
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# The environment variable `draftwise serve` reads its API key from, and the dashboard its
+# client's: here, below both, so the dashboard need not import the API server for a name.
+API_KEY_ENV = "DRAFTWISE_API_KEY"
 
 
 class _Strict(BaseModel):

@@ -1,0 +1,100 @@
+"""Prepare a target and draft pair for generating: the one way every entry point does it.
+
+``draftwise generate``, ``serve`` (one process or a Ray replica), ``serve-verifier`` (both
+kinds), the dashboard's server (a ``draftwise serve``) and ``bench`` (local or a Ray worker)
+all call ``prepare_pair``: load the pair (``load_pair``, which checks that the draft speaks the
+target's tokenizer), warm both models up, and, for the cost policy, measure what drafting costs
+with them (``draftwise.costs.calibrate``, cached per model and CPU). Written once, no entry
+point can skip a step: ``serve --ray`` replicas once ran the cost policy uncalibrated.
+
+``recommended`` is the registry's advice on which draft model and drafter go with a target,
+for the commands that let it choose.
+
+This sits above ``draftwise.loading`` (and so above the backends) and below every service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from draftwise.config import DraftConfig, DrafterKind, ModelOptions
+from draftwise.costs import calibrate
+from draftwise.lm import LanguageModel
+from draftwise.loading import load_pair
+from draftwise.policies import CostProfile
+from draftwise.registry import REGISTRY
+
+Log = Callable[[str], None]
+WARM_UP_TEXT = "The quick brown fox"  # any plain text: only the pass matters, not its output
+WARM_UP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A prepared pair: the target, the draft model (None: n-gram drafting, or a verifier's
+    target alone) and what drafting costs with them (None unless the cost policy needs it)."""
+
+    target: LanguageModel
+    draft: LanguageModel | None = None
+    profile: CostProfile | None = None
+
+
+def recommended(target: str) -> tuple[str | None, DrafterKind]:
+    """(draft model, drafter) the registry recommends for ``target``: its packaged draft with
+    the hybrid drafter, or n-gram lookup where none is known."""
+    entry = REGISTRY.get(target)
+    if entry is None or entry.draft in (None, "ngram"):
+        return None, "ngram"
+    return entry.draft, "hybrid"
+
+
+def warm_up(lm: LanguageModel) -> None:
+    """One short pass, then a clean cache: the first call pages the weights in and picks
+    kernels, a one-off cost that would otherwise be billed to whichever request goes first."""
+    ids = lm.tokenizer.encode(WARM_UP_TEXT) if lm.tokenizer is not None else []
+    ids = (ids or [0])[:WARM_UP_TOKENS]
+    lm.reset()
+    lm.forward(ids, last=1)
+    lm.reset()
+
+
+def prepare(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    drafting: DraftConfig | None,
+    *,
+    slots: int = 1,
+    log: Log | None = None,
+) -> Pair:
+    """Warm up loaded models and, when ``drafting`` uses the cost policy, measure their costs
+    for ``slots`` streams batched together (``draftwise.costs``; cached). ``drafting`` None:
+    nothing drafts with these models here (a verifier's target)."""
+    for lm in (target, draft):
+        if lm is not None:
+            warm_up(lm)
+    profile = None
+    if drafting is not None and drafting.k_policy == "cost":
+        profile = calibrate(target, draft, drafting.k_max, log, slots=slots)
+    return Pair(target, draft, profile)
+
+
+def prepare_pair(
+    target: str,
+    draft: str | None,
+    options: ModelOptions | None,
+    drafting: DraftConfig | None,
+    *,
+    slots: int = 1,
+    spare_slots: int = 0,
+    log: Log | None = None,
+) -> Pair:
+    """Load ``target`` and ``draft`` (None: the target alone), check that they share a
+    tokenizer, warm them up and calibrate the cost policy (see ``prepare``).
+
+    ``slots``: streams that run at once, batched on llama.cpp (see ``load_pair``);
+    ``spare_slots``: slots loaded beyond those, for a caller that keeps the loaded models idle
+    and gives every stream a fork of them (a Ray replica, a verifier).
+    """
+    target_lm, draft_lm = load_pair(target, draft, options, log=log, slots=slots + spare_slots)
+    return prepare(target_lm, draft_lm, drafting, slots=slots, log=log)

@@ -1,0 +1,85 @@
+"""``prepare_pair``, the one way every entry point prepares a pair, and the entry points that use it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from draftwise import prepare
+from draftwise.config import DraftConfig, GenerationConfig
+from draftwise.policies import CostProfile
+
+COST = DraftConfig(k_policy="cost", k=2, k_max=3)
+
+
+@pytest.fixture(autouse=True)
+def own_home(tmp_path, monkeypatch):
+    # A fresh cost cache: calibration measures here instead of reading another run's times.
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
+
+
+def _calibrated(profile: CostProfile | None, k_max: int) -> bool:
+    return profile is not None and all(profile.pass_times.known(n) for n in range(1, k_max + 2))
+
+
+def test_prepare_pair_loads_checks_and_calibrates_for_the_cost_policy():
+    pair = prepare.prepare_pair("tiny:0", "tiny:1", None, COST)
+    assert pair.draft is not None and _calibrated(pair.profile, COST.k_max)
+    assert pair.profile is not None and pair.profile.draft_token_seconds  # the draft's costs too
+
+
+def test_prepare_pair_measures_nothing_without_the_cost_policy_or_drafting():
+    assert prepare.prepare_pair("tiny:0", None, None, DraftConfig(k_policy="fixed")).profile is None
+    assert prepare.prepare_pair("tiny:0", None, None, None).profile is None  # a verifier's target
+
+
+def _spy_on_prepare(monkeypatch) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+    real = prepare.prepare_pair
+
+    def spy(*args: Any, **kwargs: Any) -> prepare.Pair:
+        calls.append({"args": args, **kwargs})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prepare, "prepare_pair", spy)
+    return calls
+
+
+# Serve awaits a replica's async __del__ when it stops one; outside Serve nothing does, and
+# this replica never started the reporter that __del__ would close.
+@pytest.mark.filterwarnings("ignore:coroutine 'FleetReplica.__del__' was never awaited")
+def test_serve_on_ray_replicas_are_prepared_and_calibrated(monkeypatch):
+    """A ``serve --ray`` replica prepares its pair as a plain ``serve`` does, and its app's
+    workers run the cost policy on the measured profile (they once started uncalibrated)."""
+    pytest.importorskip("fastapi")
+    from draftwise.api import app as api_app
+    from draftwise.api.settings import ServerSettings
+    from draftwise.cluster import fleet, serve_app
+
+    monkeypatch.setattr(fleet, "keep_replica_grpc_on_loopback", lambda: None)  # a Serve replica's set-up
+    calls = _spy_on_prepare(monkeypatch)
+    profiles: list[CostProfile | None] = []
+    real_workers = api_app.build_workers
+
+    def workers(*args: Any, **kwargs: Any) -> Any:
+        profiles.append(args[3])
+        return real_workers(*args, **kwargs)
+
+    monkeypatch.setattr(api_app, "build_workers", workers)
+    settings = ServerSettings(target="tiny:0", draft="tiny:1", slots=2, generation=GenerationConfig(draft=COST))
+    replica = serve_app.ApiReplica(settings)
+    replica.build()
+    (call,) = calls
+    assert call["slots"] == 2 and call["spare_slots"] == 1  # the replica keeps its own copy idle
+    assert _calibrated(replica.pair.profile, COST.k_max)
+    assert profiles == [replica.pair.profile]
+
+
+def test_the_bench_prepares_a_calibrated_pair(tmp_path):
+    from draftwise.bench.config import BenchConfig
+    from draftwise.bench.runner import load_models
+
+    config = BenchConfig(target="tiny:0", draft="tiny:1", out=tmp_path, generation=GenerationConfig(draft=COST))
+    pair = load_models(config)
+    assert pair.draft is not None and _calibrated(pair.profile, COST.k_max)
