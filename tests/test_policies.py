@@ -328,3 +328,22 @@ def test_beside_eight_rows_a_stream_drafts_to_fill_the_cheap_shape():
 def test_past_the_measured_curve_batched_streams_stop_drafting():
     policy = _batched(32, {**BATCH_CURVE, 37: 390})
     assert policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000) == PLAIN
+
+
+def test_no_probe_when_no_acceptance_could_make_drafting_pay():
+    # Past the measured curve each row adds its slope: even a drafter right 95% of the time
+    # loses to plain decoding, so a probe has nothing to learn and never runs.
+    policy = _batched(32, {**BATCH_CURVE, 37: 390})
+    policy.probe_every = policy._probe_gap = 2
+    lookup = Offer("ngram", key="ngram:1", cost_hint=0.0)
+    assert [policy.choose([lookup], 1000).k for _ in range(20)] == [0] * 20
+    # Alone, the same policy's costs leave room for drafting to pay: probes come back.
+    policy._others = 0.0
+    assert any(policy.choose([lookup], 1000).k > 0 for _ in range(4))
+
+
+def test_a_new_generation_starts_from_the_load_the_last_one_saw():
+    first = _batched(32, {**BATCH_CURVE, 37: 390})
+    second = CostAwareK(DraftConfig(k=4, k_max=15, probe_every=1000), first.profile)
+    assert second._others == pytest.approx(first._others) and second._others > 30
+    assert second.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000) == PLAIN

@@ -222,6 +222,9 @@ class CostProfile:
     draft_token_seconds: dict[str, float] = field(default_factory=dict)  # per source
     catchup_token_seconds: dict[str, float] = field(default_factory=dict)  # per source
     acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)  # key -> (accepted, rejected)
+    # Rows other streams put in the passes this stream's rows rode in lately (batched backends):
+    # the next generation starts from the load the last one saw, not from an empty machine.
+    others_rows: float = 0.0
 
     def learn(self, outcome: Outcome) -> None:
         if outcome.pass_info is not None:
@@ -294,6 +297,10 @@ class CostAwareK:
     # once paid it is sunk, and the source may turn out worse than its record.
     CATCHUP_HORIZON = 16.0
     MARGINAL_FLOOR = 0.05  # least price of a row in a shared pass, in one-token plain passes
+    # A probe re-measures acceptance; it is worth its cost only if some acceptance could make
+    # drafting pay. If even a drafter right this often would lose to plain decoding at the
+    # current costs (a big batch, a draft as slow as the target), there is nothing to learn.
+    PROBE_CEILING = 0.95
     OTHERS_WEIGHT = 0.3  # of the newest pass in the running mean of other streams' rows
 
     def __init__(self, config: DraftConfig, profile: CostProfile | None = None) -> None:
@@ -304,7 +311,7 @@ class CostAwareK:
         self._counts = {key: _prior(counts) for key, counts in self.profile.acceptance.items()}
         self._idle_steps = 0
         self._probe_gap = self.probe_every  # idle steps before the next probe
-        self._others = 0.0  # rows other streams put in the passes this stream's rows ride in
+        self._others = self.profile.others_rows  # rows other streams put in the passes ours ride in
 
     @property
     def pass_times(self) -> PassTimes:
@@ -321,9 +328,9 @@ class CostAwareK:
             return self.alpha_of("")
         return self.alpha_of(max(self._counts, key=lambda key: sum(self._counts[key])))
 
-    def rate(self, offer: Offer | None, k: int, remaining: int) -> float | None:
-        """Expected tokens per second of drafting ``k`` from ``offer`` (plain for k == 0);
-        None until the costs involved are measured."""
+    def rate(self, offer: Offer | None, k: int, remaining: int, alpha: float | None = None) -> float | None:
+        """Expected tokens per second of drafting ``k`` from ``offer`` (plain for k == 0) at
+        the offer's measured acceptance, or at ``alpha``; None until the costs are measured."""
         verify = self._added(k + 1)
         if verify is None:
             return None
@@ -331,7 +338,7 @@ class CostAwareK:
             return 1.0 / verify if verify > 0 else None
         plain = self.pass_times.at(1) or verify
         draft = self.profile.draft_token_seconds.get(offer.source, offer.cost_hint * plain)
-        tokens = expected_tokens(self.alpha_of(offer.stats_key), k)
+        tokens = expected_tokens(self.alpha_of(offer.stats_key) if alpha is None else alpha, k)
         steps = min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
         seconds = verify + k * draft + self._catchup_seconds(offer) / steps
         return tokens / seconds if seconds > 0 else None
@@ -365,13 +372,14 @@ class CostAwareK:
                 return Choice(offer, self.k_start if offer.limit is None else min(self.k_start, offer.limit))
         return None
 
-    def _best(self, offers: Sequence[Offer], remaining: int) -> tuple[Choice, float]:
-        """The drafting choice with the best expected rate (``PLAIN`` if none is priced)."""
+    def _best(self, offers: Sequence[Offer], remaining: int, alpha: float | None = None) -> tuple[Choice, float]:
+        """The drafting choice with the best expected rate (``PLAIN`` if none is priced), at
+        each offer's measured acceptance or at ``alpha``."""
         best, best_rate = PLAIN, 0.0
         for offer in offers:
             top = self.k_max if offer.limit is None else min(self.k_max, offer.limit)
             for k in range(1, top + 1):
-                rate = self.rate(offer, k, remaining)
+                rate = self.rate(offer, k, remaining, alpha)
                 if rate is not None and rate > best_rate:
                     best, best_rate = Choice(offer, k), rate
         return best, best_rate
@@ -383,13 +391,17 @@ class CostAwareK:
         if explore is not None:
             return explore
         best, rate = self._best(offers, remaining)
-        if rate > (self.rate(None, 0, remaining) or 0.0):
+        plain = self.rate(None, 0, remaining) or 0.0
+        if rate > plain:
             self._idle_steps, self._probe_gap = 0, self.probe_every
             return best
         self._idle_steps += 1
         if self._idle_steps < self._probe_gap:
             return PLAIN
-        probe, _ = self._best(self._affordable(offers), remaining)
+        affordable = self._affordable(offers)
+        if self._best(affordable, remaining, self.PROBE_CEILING)[1] <= plain:
+            return PLAIN  # no acceptance a probe could find would make drafting pay
+        probe, _ = self._best(affordable, remaining)
         if probe is not PLAIN:
             self._idle_steps = 0
             self._probe_gap = min(2 * self._probe_gap, self.PROBE_BACKOFF * self.probe_every)
@@ -399,6 +411,7 @@ class CostAwareK:
         self.profile.learn(outcome)
         if outcome.pass_info is not None:
             self._others += self.OTHERS_WEIGHT * (outcome.others_rows - self._others)
+            self.profile.others_rows = self._others
         if outcome.choice.offer is None or outcome.n_proposed == 0:
             return
         key = outcome.choice.offer.stats_key

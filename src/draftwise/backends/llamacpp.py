@@ -274,6 +274,10 @@ def load_llamacpp(
     forward passes are batched together."""
     log = log or (lambda message: None)
     threads = options.threads or default_threads()
+    # The cores are llama.cpp's. torch only checks a block's few score rows between passes,
+    # and its own thread team, spinning for a while after each of those, stalled ggml's
+    # threads in the next pass (a one-row pass took a quarter longer while drafting).
+    torch.set_num_threads(1)
     if draft and options.draft_quant != "none":
         path = requantized(path, options.draft_quant, threads, log)
     weights = LlamaCppWeights(path, source)
