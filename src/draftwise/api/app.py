@@ -33,7 +33,7 @@ from draftwise.api.translate import Plan, context_exceeded, encode_chat, encode_
 from draftwise.chat import PromptTooLong
 from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
-from draftwise.lm import LanguageModel
+from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.metrics import GenerationMetrics
 from draftwise.prepare import Pair
 from draftwise.verify import TokenSource
@@ -43,7 +43,7 @@ from draftwise.web import BodyLimit, bearer_guard, error_responses
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
-def _provenance(event: StepEvent, tokenizer: Any) -> list[s.TokenProvenance]:
+def _provenance(event: StepEvent, tokenizer: Tokenizer) -> list[s.TokenProvenance]:
     """Where each token of a step came from, with the probabilities that decided it."""
     out = []
     for i, (token, source) in enumerate(zip(event.tokens, event.sources)):
@@ -58,7 +58,7 @@ def _provenance(event: StepEvent, tokenizer: Any) -> list[s.TokenProvenance]:
     return out
 
 
-def _step(event: StepEvent, tokenizer: Any) -> s.StepInfo:
+def _step(event: StepEvent, tokenizer: Tokenizer) -> s.StepInfo:
     """The target pass behind a chunk: every proposal (kept or not) and the step's timings."""
     proposed = [
         s.DraftedToken(
@@ -85,7 +85,7 @@ def _step(event: StepEvent, tokenizer: Any) -> s.StepInfo:
 class Transcript:
     """What a generation produced so far: text, statistics and (if asked) provenance."""
 
-    def __init__(self, request_plan: Plan, tokenizer: Any) -> None:
+    def __init__(self, request_plan: Plan, tokenizer: Tokenizer) -> None:
         self.plan = request_plan
         self.tokenizer = tokenizer
         self.metrics = GenerationMetrics()
@@ -263,8 +263,9 @@ class _Service:
     def __init__(
         self, settings: ServerSettings, target: LanguageModel, has_draft: bool, pool: WorkerPool, metrics: ServerMetrics
     ) -> None:
+        assert target.tokenizer is not None  # create_app refuses a target without one first
         self.settings = settings
-        self.tokenizer = target.tokenizer
+        self.tokenizer: Tokenizer = target.tokenizer
         self.vocab_size = target.vocab_size
         self.context_limit = settings.max_context or target.max_context
         self.has_draft = has_draft
@@ -272,7 +273,7 @@ class _Service:
         self.metrics = metrics
         self.created = int(time.time())
         # No token is longer than this, so a text of n bytes holds at least n / this tokens.
-        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        vocab = self.tokenizer.get_vocab()
         self.token_bytes_max = max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1)
         # Chat templates and tokenizers take time in proportion to the text, which may be
         # megabytes: they run here, never on the event loop, so /health and running streams

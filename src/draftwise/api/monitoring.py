@@ -53,6 +53,9 @@ class ServerMetrics:
         )
         self.queue_depth = Gauge("draftwise_queue_depth", "admitted requests waiting for a worker", registry=r)
         self.active = Gauge("draftwise_active_generations", "generations running on a worker", registry=r)
+        self._add_histograms(r)
+
+    def _add_histograms(self, r: CollectorRegistry) -> None:
         self.ttft = Histogram(
             "draftwise_time_to_first_token_seconds",
             "request arrival to first generated token (queueing and prefill included)",

@@ -16,6 +16,7 @@ from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest, Gene
 from draftwise.api.settings import ServerSettings
 from draftwise.chat import PromptError, PromptTooLong, encode_messages, encode_raw
 from draftwise.config import NEEDS_DRAFT_MODEL, DraftConfig, DrafterName, GenerationConfig, SamplingConfig
+from draftwise.lm import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Plan:
 
 
 def encode_completion(
-    request: CompletionRequest, tokenizer: Any, vocab_size: int, parse_special: bool, limit: int | None
+    request: CompletionRequest, tokenizer: Tokenizer, vocab_size: int, parse_special: bool, limit: int | None
 ) -> list[int]:
     """A completion's prompt ids: its text as the server's ``parse_special`` says, or its ids.
     ``PromptTooLong`` when the text cannot fit in ``limit`` tokens, found before tokenizing."""
@@ -46,7 +47,7 @@ def _fallback_chat(messages: list[dict[str, str]]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
-def encode_chat(request: ChatCompletionRequest, tokenizer: Any, limit: int | None = None) -> list[int]:
+def encode_chat(request: ChatCompletionRequest, tokenizer: Tokenizer, limit: int | None = None) -> list[int]:
     """A conversation's ids through the model's chat template; the messages are text (no
     string in them becomes a control token), only the template writes markup.
     ``PromptTooLong`` when it cannot fit in ``limit`` tokens, found before tokenizing."""

@@ -25,6 +25,7 @@ from draftwise.bench.anchor_settings import pld_tokens, spec_draft_max
 from draftwise.bench.config import BenchConfig, BenchError
 from draftwise.bench.trace import Method, Trace
 from draftwise.config import GenerationConfig, SamplingConfig
+from draftwise.lm import Tokenizer
 
 SPEC_BINARY = "llama-speculative-simple"
 _SEED_RANGE = 2**32  # llama.cpp's samplers take a 32-bit seed
@@ -271,15 +272,18 @@ def parse_generated(stdout: bytes, echo: bytes) -> str:
     return (body[: -len(_ECHO_TAIL)] if body.endswith(_ECHO_TAIL) else body).decode("utf-8", "replace")
 
 
-def spec_trace(generated: str, timings: dict[str, tuple[int, float]], tokenizer: Any, max_new_tokens: int) -> Trace:
+def spec_trace(
+    generated: str, timings: dict[str, tuple[int, float]], tokenizer: Tokenizer, max_new_tokens: int
+) -> Trace:
     """The ``Trace`` of one binary run (see ``LlamaCppSpecMethod``) from its text and timings."""
     decoded = timings["decoded"][0]  # every token it sampled, an end-of-generation one included
     printed = tokenizer.encode(generated, add_special_tokens=False)
     tokens = printed[:max_new_tokens]
     # It prints every token before an end-of-generation one, which it counts but does not print.
-    eos = len(printed) < decoded and len(printed) < max_new_tokens and tokenizer.eos_token_id is not None
-    if eos:
-        tokens.append(tokenizer.eos_token_id)
+    eos_id = tokenizer.eos_token_id
+    eos = len(printed) < decoded and len(printed) < max_new_tokens and eos_id is not None
+    if eos and eos_id is not None:
+        tokens.append(eos_id)
     # Its last step drafts without limit (llama.cpp reads a remaining budget of 0 as none), so
     # it may sample up to its draft length more than asked: the trace keeps the tokens asked
     # for and their share of the decode time, rather than charging the anchor for the rest.

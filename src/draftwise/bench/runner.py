@@ -26,6 +26,7 @@ from draftwise.bench.store import Record, ResultStore, record_key
 from draftwise.bench.trace import Method, Trace
 from draftwise.chat import encode_messages, encode_raw
 from draftwise.config import GenerationConfig
+from draftwise.lm import Tokenizer
 from draftwise.prepare import Pair, prepare_pair
 
 RESULTS = "results.jsonl"
@@ -42,7 +43,7 @@ class PromptBuilder:
     and assistant messages; without one the texts are joined by blank lines.
     """
 
-    def __init__(self, tokenizer: Any, use_chat: bool) -> None:
+    def __init__(self, tokenizer: Tokenizer, use_chat: bool) -> None:
         self.tokenizer = tokenizer
         self.chat = bool(use_chat and getattr(tokenizer, "chat_template", None))
 
@@ -174,6 +175,8 @@ class UnitRunner:
         self.config_hash = config.results_hash()
         self.target = pair.target
         self.methods, self._timers = build_methods(config, pair.target, pair.draft, pair.profile)
+        if pair.target.tokenizer is None:
+            raise BenchError(f"the target model {config.target!r} has no tokenizer; the bench needs one")
         self.builder = PromptBuilder(pair.target.tokenizer, config.chat_template)
         self.node = node or node_info()  # which machine ran each record, and its CPU
         self._scores: dict[int, tuple[float | None, list[float]]] = {}

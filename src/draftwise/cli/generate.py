@@ -151,8 +151,8 @@ class _Models:
     """What ``generate`` loaded: the target (None when a remote verifier runs it), the draft
     model (None for n-gram lookup), and the tokenizer that turns the prompt into ids."""
 
-    target: Any
-    draft: Any
+    target: LanguageModel | None
+    draft: LanguageModel | None
     tokenizer: Tokenizer
     profile: CostProfile | None = None  # what drafting costs with the local pair, for the cost policy
 
@@ -228,6 +228,7 @@ def _engine(loaded: _Models, drafter: DrafterKind, remote: RemoteTarget | None) 
 
     if remote is not None:
         return SpeculativeEngine(remote, build_drafter(drafter, loaded.draft), tokenizer=loaded.tokenizer)
+    assert loaded.target is not None  # without a verifier, _load loaded the target here
     return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), loaded.profile)
 
 
@@ -354,7 +355,7 @@ def _generate(
     if not as_json:
         err.print(f"[bold]{label}[/]   {LEGEND}")
     result = _speculate(engine, ids, config, loaded.tokenizer, out, show=not as_json)
-    baseline = autoregressive(loaded.target).generate(ids, config) if compare else None
+    baseline = autoregressive(loaded.target).generate(ids, config) if compare and loaded.target else None
     here = loaded.target or loaded.draft  # None: n-gram drafting through a verifier runs no model here
     run = {
         "target": target,
