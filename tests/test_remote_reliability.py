@@ -121,7 +121,13 @@ def test_ctrl_c_in_generate_closes_its_session(tiny_target):
     with serve_in_background(_app(tiny_target)) as base:
         flags = ["--draft", "tiny:1", "--verifier", base, "--max-new-tokens", "3000", "--ignore-eos", "Hello"]
         process = subprocess.Popen(
-            [*DRAFTWISE, "generate", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+            [*DRAFTWISE, "generate", *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=ENV,
+            # As a terminal starts it: a child inherits an ignored SIGINT (a Ray test of this
+            # process may have left it so), and Python then never raises KeyboardInterrupt.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
             assert process.stdout.read(1)  # the run is under way: its first text is out
