@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from draftwise.bench.anchor_settings import spec_draft_max
 from draftwise.config import DraftConfig, DrafterName, GenerationConfig, ModelOptions
 from draftwise.errors import ConfigError
-from draftwise.registry import DEFAULT_TARGET, REGISTRY
+from draftwise.prepare import recommended
+from draftwise.registry import DEFAULT_TARGET
 
 ServerName = Literal["draftwise", "llama-server", "llama-server-spec"]
 SERVERS: tuple[ServerName, ...] = get_args(ServerName)
@@ -57,8 +58,7 @@ def parse_servers(text: str) -> tuple[str, ...]:
 def recommended_draft(target: str) -> str | None:
     """The draft model the registry recommends for ``target`` (what ``draftwise serve`` loads
     when given none); None where it recommends the n-gram drafter or knows no such target."""
-    entry = REGISTRY.get(target)
-    return None if entry is None or entry.draft in (None, "ngram") else entry.draft
+    return recommended(target)[0]
 
 
 class LoadConfig(BaseModel):
