@@ -311,17 +311,20 @@ class TestVerifierFleet:
     def test_a_verifier_client_recovers_when_its_replica_is_killed(self, cluster, verifier_fleet, pair):
         target, draft = pair
         local = SpeculativeEngine.from_models(target, draft).generate(PROMPTS[0], CONFIG).tokens
+
+        def holders() -> list[str]:
+            replicas = httpx.get(verifier_fleet + "/health").json()["replicas"]
+            return [replica for replica, health in replicas.items() if health["sessions"]]
+
+        # Another replica's figures in /health are up to REPORT_EVERY_S old: wait until no replica
+        # reports the earlier tests' closed sessions, so that the one holder seen below is this one's.
+        _wait_for(lambda: not holders(), what="no open session in /health")
         with connect(verifier_fleet, tokenizer=draft.tokenizer) as remote:
             stream = SpeculativeEngine(remote, ModelDrafter(draft), tokenizer=draft.tokenizer).stream(
                 PROMPTS[0], CONFIG
             )
             events = [next(stream)]
-
-            def holder() -> list[str]:
-                replicas = httpx.get(verifier_fleet + "/health").json()["replicas"]
-                return [replica for replica, health in replicas.items() if health["sessions"] == 1]
-
-            (victim,) = _wait_for(holder, what="the replica holding the session")
+            (victim,) = _wait_for(holders, what="the replica holding the session")
             cluster.kill(f"SERVE_REPLICA::{verifier.APP}#VerifierReplica#{victim}", namespace="serve")
             events += list(stream)
         assert [t for e in events for t in e.tokens] == local
