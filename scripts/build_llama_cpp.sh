@@ -5,6 +5,10 @@
 # programs (for `draftwise bench --llama-cpp-bin DIR`); a second run finds them and only prints.
 #
 #   PY=.venv/bin/python scripts/build_llama_cpp.sh    (or: make llama-cpp-bin)
+#
+# These are stock llama.cpp, as a user would run it. PATCHED=1 builds them with draftwise's
+# patches (patches/llama.cpp) under a folder of their own, to measure what the patches cost:
+#   PATCHED=1 PY=.venv/bin/python scripts/build_llama_cpp.sh
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,7 +18,7 @@ if [ -z "$version" ]; then
     echo "error: constraints.txt pins no llama-cpp-python version" >&2
     exit 2
 fi
-work="$root/build/llama-cpp-$version"  # build/ is ignored by git: nothing here is committed
+work="$root/build/llama-cpp-$version${PATCHED:+-patched}"  # build/ is ignored by git: nothing here is committed
 bin="$work/build/bin"
 targets=(llama-bench llama-completion llama-speculative-simple llama-server)
 
@@ -31,6 +35,9 @@ mkdir -p "$work/sdist"
 "$py" -m pip download --quiet --no-deps --no-binary :all: --dest "$work/sdist" "llama-cpp-python==$version" >&2
 tar -xzf "$work/sdist/llama_cpp_python-$version.tar.gz" -C "$work"
 source_dir="$work/llama_cpp_python-$version/vendor/llama.cpp"
+if [ -n "${PATCHED:-}" ]; then
+    "$root/scripts/patch_llama_cpp.sh" "$source_dir"
+fi
 
 # ggml's AMX matmul kernels die with SIGILL (a tile instruction run before its tile
 # configuration) on this project's AMX machines, and -DGGML_NATIVE=ON turns them on wherever

@@ -73,6 +73,12 @@ class ModelOptions(_Strict):
         "token), only its speed",
     )
     device: Device = Field("auto", description="hf: cpu or cuda; auto = cuda when a CUDA device is present")
+    exact: bool = Field(
+        False,
+        description="llamacpp: every row of a pass computed as in one-token decoding, whatever else the pass "
+        "holds, so that speculative and batched output is bit-identical to plain decoding; prompts are "
+        "processed more slowly (docs/exactness.md); hf: always so in float32",
+    )
 
 
 class SamplingConfig(_Strict):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import platform
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,6 +35,13 @@ from draftwise.lm import PassInfo
 from draftwise.registry import derived_path
 
 BATCH = 512  # tokens per llama_decode call of a single sequence; a longer prefill runs in pieces
+# ggml's switches for ModelOptions.exact (docs/exactness.md): the tiled kernels that ggml takes
+# for passes of 8 rows and more (K-quant matrix products) and of 64 and more (attention), and
+# the split of one row's attention over the KV cache, round unlike one-token decoding: off.
+EXACT_SWITCHES = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_FA_TILED": "0", "GGML_CPU_FA_SPLIT_KV": "0"}
+# File types whose weights ggml repacks on x86 into kernels that draftwise's patches do not
+# make row-invariant (patches/llama.cpp covers Q4_K).
+NOT_ROW_INVARIANT = frozenset({"Q4_0", "IQ4_NL", "MXFP4_MOE", "Q2_K", "Q2_K_S"})
 DEFAULT_CONTEXT = 8192  # KV cache positions when the user names none (capped by the model's own)
 _LOG_WARN = 3  # ggml log levels (ggml.h): 3 = warning, 4 = error, 5 = continuation of the previous line
 _LOG_CONT = 5
@@ -66,6 +74,38 @@ class _Library:
         llama_cpp.llama_log_set(on_log, None)
         llama_cpp.llama_backend_init()
         self.decoder = Decoder()  # every llama_decode of the process runs on its thread
+        self.exact: bool | None = None  # whether passes are row-invariant: fixed by the first model loaded
+
+    def run_exact(self, exact: bool) -> None:
+        """Fix whether this process's passes are row-invariant (``ModelOptions.exact``). ggml
+        reads its switches once, at its first pass, so the first model loaded decides."""
+        if self.exact is None:
+            if exact:
+                missing = self.missing_row_invariance()
+                if missing:
+                    raise ModelLoadError(f"--exact needs row-invariant kernels: {missing}")
+                os.environ.update(EXACT_SWITCHES)
+            self.exact = exact
+        elif self.exact != exact:
+            raise ModelLoadError(
+                f"this process already runs llama.cpp {'with' if self.exact else 'without'} --exact, and ggml "
+                "sets its kernels once per process: load every model with the same setting"
+            )
+
+    def missing_row_invariance(self) -> str | None:
+        """What keeps this llama.cpp from row-invariant passes, or None: the marker that
+        draftwise's patches add to ggml's CPU backend, and the CPU family they cover."""
+        library_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(self.api.__file__).parent / "lib")
+        found = sorted(library_dir.glob("*ggml-cpu*"))
+        marker = getattr(ctypes.CDLL(str(found[0])), "ggml_cpu_row_invariant", None) if found else None
+        if marker is None:
+            return (
+                "this llama-cpp-python was built without draftwise's patches (patches/llama.cpp); "
+                "reinstall it with scripts/install_llama_cpp.sh (make setup does)"
+            )
+        if not marker():
+            return f"draftwise's patches cover x86-64 CPUs, not {platform.machine()}"
+        return None
 
     def reason(self) -> str:
         """What llama.cpp said went wrong, for an error message: its last line that names an
@@ -164,7 +204,7 @@ class LlamaCppModel:
         stat = self.weights.path.stat()
         return (
             f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
-            f"{self.n_ctx} positions"
+            f"{self.n_ctx} positions|exact {library().exact}"
         )
 
     def fork(self) -> LlamaCppModel:
@@ -278,9 +318,16 @@ def load_llamacpp(
     # and its own thread team, spinning for a while after each of those, stalled ggml's
     # threads in the next pass (a one-row pass took a quarter longer while drafting).
     torch.set_num_threads(1)
+    library().run_exact(options.exact)
     if draft and options.draft_quant != "none":
         path = requantized(path, options.draft_quant, threads, log)
     weights = LlamaCppWeights(path, source)
+    if options.exact and not draft and weights.file_type in NOT_ROW_INVARIANT:
+        # The draft's kernels cannot change the output: the target's must be row-invariant.
+        raise ModelLoadError(
+            f"--exact: {path.name} holds {weights.file_type} weights, which llama.cpp repacks on this CPU into "
+            "kernels that are not row-invariant; use a K-quant file (Q4_K_M, Q5_K_M, Q6_K, Q8_0) or drop --exact"
+        )
     n_ctx = options.context or min(weights.n_ctx_train or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
     if weights.n_ctx_train and n_ctx > weights.n_ctx_train:
         raise ModelLoadError(f"--context {n_ctx} is over {path.name}'s own context of {weights.n_ctx_train} positions")

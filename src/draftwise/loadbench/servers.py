@@ -88,7 +88,8 @@ def draftwise_server(config: LoadConfig, slots: int) -> Server:
     for name, value in config.models.model_dump(exclude_defaults=True, exclude={"threads", "context"}).items():
         # `draftwise serve` spells every ModelOptions field as its flag, without an alias (a test
         # checks these against serve's flags); spelt here so this layer does not import the CLI.
-        argv += ["--" + name.replace("_", "-"), str(value)]
+        flag = name.replace("_", "-")
+        argv += [f"--{flag}" if value else f"--no-{flag}"] if isinstance(value, bool) else [f"--{flag}", str(value)]
     return Server("draftwise", tuple(argv), config.target)
 
 
