@@ -9,6 +9,8 @@ logits are nearly tied (the bench's NEAR_TIE), and check that it is one.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -189,6 +191,36 @@ def test_a_context_longer_than_the_model_allows_is_a_clear_error():
     assert lm.tokens == []  # nothing half-fed
     with pytest.raises(ModelLoadError, match="over .* own context"):
         load_lm(SMOL, ModelOptions(backend="llamacpp", context=10**6))
+
+
+EXIT_ORDER = """
+import atexit
+order = []
+atexit.register(lambda: print(" ".join(order)))  # registered before any finalizer: runs after them
+import sys
+from pathlib import Path
+import llama_cpp
+def recording(name):
+    real = getattr(llama_cpp, name)
+    return lambda ptr: (order.append(name), real(ptr))[1]
+for name in ("llama_free", "llama_model_free"):
+    setattr(llama_cpp, name, recording(name))
+from draftwise.backends.llamacpp import load_llamacpp
+from draftwise.config import ModelOptions
+lm = load_llamacpp("smol", Path(sys.argv[1]), ModelOptions(threads=1, context=256), slots=2)
+other = lm.fork()
+lm.forward([1, 2, 3], last=1)
+"""
+
+
+def test_a_process_that_exits_with_a_batched_context_frees_it_before_its_model():
+    # The context is freed by its pass thread: at exit, before the model's finalizer frees the
+    # weights under it, and before the interpreter finalizes (where a late free aborted a run).
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_ORDER, str(model_path(REGISTRY[SMOL]))], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["llama_free", "llama_model_free"]
 
 
 def test_a_gguf_of_an_unknown_architecture_is_a_one_line_error(tmp_path):

@@ -52,6 +52,7 @@ GATHER_SHARE = 0.25  # ... or this share of the last pass's time, if longer
 GATHER_MAX_S = 0.05
 ALIGN_PASSES = 2.0  # ... and while the decode thread runs another context's passes, this many of ours
 POLL_S = 0.002  # how often a gather looks whether the decode thread is still at work
+STOP_S = 60.0  # at most this long to wait for a closed context's last pass and its free
 
 
 class Decoder:
@@ -289,6 +290,17 @@ def _serve(queue: _Queue, context: _Context, stats: PassStats) -> None:
         context.free()
 
 
+def _stop(queue: _Queue, thread: threading.Thread) -> None:
+    """Close the queue, and wait until the pass thread has freed the context. At exit this runs
+    before the weights' own finalizer frees the model the context uses, and before the
+    interpreter finalizes: llama_free logs through draftwise's Python callback, and a daemon
+    thread that calls back into a finalizing interpreter is ended inside llama.cpp's
+    destructor, which aborts the whole process."""
+    queue.close()
+    if thread is not threading.current_thread():
+        thread.join(timeout=STOP_S)
+
+
 class Batcher:
     """A llama.cpp context of ``slots`` sequences of ``n_ctx`` positions each, over shared
     weights, with its pass thread. Sequences ``claim`` a slot and ``release`` it."""
@@ -308,8 +320,9 @@ class Batcher:
         )
         thread.start()
         # The thread holds the context and the queue, never this object: once no sequence
-        # holds the batcher, the queue closes and the thread frees the context.
-        weakref.finalize(self, self._queue.close)
+        # holds the batcher (or the process exits), the queue closes and the thread frees the
+        # context.
+        weakref.finalize(self, _stop, self._queue, thread)
 
     def claim(self) -> int | None:
         """A free sequence id, or None when every slot is taken."""
