@@ -130,6 +130,29 @@ def batched(target: str, draft: str, threads: int) -> dict[str, Any]:
     return {"compared": len(jobs), "differences": differences}
 
 
+def holes(target: str, threads: int, ordered: bool) -> dict[str, Any]:
+    """Two sequences of one context: the first rolls back 200 tokens, freeing cells below every
+    cell of the second, which then decodes a block. Its rows' scores against the same sequence
+    alone (``ordered=False``: llama.cpp's usual cell search, which puts the block in the freed
+    cells, to show that the probe sees the difference)."""
+    if not ordered:
+        del llamacpp.EXACT_SWITCHES["LLAMA_KV_ORDERED"]
+    rng = random.Random(1)
+    first, second, block = ([rng.randrange(100, 10_000) for _ in range(n)] for n in (300, 300, 8))
+    lm = _load(target, threads, slots=2)
+    other = lm.fork()
+    lm.forward(first, last=1)
+    other.forward(second, last=1)
+    lm.rollback(100)
+    lm.forward(first[100:101], last=1)  # its cache is cut at this pass: 199 cells below the second's come free
+    shared = other.forward(block)
+    alone = _load(target, threads)
+    alone.forward(second, last=1)
+    expected = alone.forward(block)
+    differences = [i for i in range(len(block)) if not torch.equal(shared[i], expected[i])]
+    return {"compared": len(block), "differences": differences}
+
+
 def main() -> None:
     probe, target, draft, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     runs = {
@@ -137,6 +160,8 @@ def main() -> None:
         "speculative": lambda: speculative(target, draft, threads),
         "chunks": lambda: chunks(target, threads),
         "batched": lambda: batched(target, draft, threads),
+        "holes": lambda: holes(target, threads, ordered=True),
+        "holes-unordered": lambda: holes(target, threads, ordered=False),
     }
     print(json.dumps(runs[probe]()))
 

@@ -8,9 +8,12 @@ one ``llama_decode`` over a batch that asks for scores only at the positions the
 needs; the scores come back as a view of llama.cpp's own buffer (no copy); rollback is
 ``llama_memory_seq_rm``.
 
-llama.cpp picks its matrix kernels by batch size, so a block of tokens can round
-differently from one-token steps: greedy output matches one-token decoding except where the
-target's top two tokens are nearly tied (the bench audits every such mismatch).
+llama.cpp picks some kernels by the size of a pass, so a block of tokens can round
+differently from one-token steps. draftwise's patches on ggml (patches/llama.cpp) make
+one-token steps and blocks of up to 7 rows agree; with ``ModelOptions.exact`` every pass of
+any size rounds as one-token decoding, so greedy output is bit-identical to plain decoding
+(docs/exactness.md). Without it, output can differ where the target's top two tokens are
+nearly tied (the bench audits every such mismatch).
 """
 
 from __future__ import annotations
@@ -35,10 +38,17 @@ from draftwise.lm import PassInfo
 from draftwise.registry import derived_path
 
 BATCH = 512  # tokens per llama_decode call of a single sequence; a longer prefill runs in pieces
-# ggml's switches for ModelOptions.exact (docs/exactness.md): the tiled kernels that ggml takes
+# The switches for ModelOptions.exact (docs/exactness.md): the tiled kernels that ggml takes
 # for passes of 8 rows and more (K-quant matrix products) and of 64 and more (attention), and
 # the split of one row's attention over the KV cache, round unlike one-token decoding: off.
-EXACT_SWITCHES = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_FA_TILED": "0", "GGML_CPU_FA_SPLIT_KV": "0"}
+# And each sequence's KV cells stay in the order of its positions (attention sums its cells in
+# cell order), however the streams of a batched context interleave and roll back.
+EXACT_SWITCHES = {
+    "GGML_CPU_TILED_MM": "0",
+    "GGML_CPU_FA_TILED": "0",
+    "GGML_CPU_FA_SPLIT_KV": "0",
+    "LLAMA_KV_ORDERED": "1",
+}
 # File types whose weights ggml repacks on x86 into kernels that draftwise's patches do not
 # make row-invariant (patches/llama.cpp covers Q4_K).
 NOT_ROW_INVARIANT = frozenset({"Q4_0", "IQ4_NL", "MXFP4_MOE", "Q2_K", "Q2_K_S"})
@@ -94,11 +104,14 @@ class _Library:
 
     def missing_row_invariance(self) -> str | None:
         """What keeps this llama.cpp from row-invariant passes, or None: the marker that
-        draftwise's patches add to ggml's CPU backend, and the CPU family they cover."""
+        draftwise's patches add to ggml's CPU backend, the ordered KV cells they add to
+        libllama, and the CPU family they cover."""
         library_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(self.api.__file__).parent / "lib")
         found = sorted(library_dir.glob("*ggml-cpu*"))
         marker = getattr(ctypes.CDLL(str(found[0])), "ggml_cpu_row_invariant", None) if found else None
-        if marker is None:
+        llama = sorted(library_dir.glob("libllama*"))
+        # the switch's name is in libllama's text only where patch 0004 was built in
+        if marker is None or not llama or b"LLAMA_KV_ORDERED" not in llama[0].read_bytes():
             return (
                 "this llama-cpp-python was built without draftwise's patches (patches/llama.cpp); "
                 "reinstall it with scripts/install_llama_cpp.sh (make setup does)"
