@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -232,6 +234,38 @@ def _engine(loaded: _Models, drafter: DrafterKind, remote: RemoteTarget | None) 
     return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), loaded.profile)
 
 
+class _Interrupt:
+    """Ctrl-C during a run, raised at once as usual and also remembered: Python drops an
+    exception raised inside a finalizer (``__del__``), and a signal can land in one."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def _interruptible() -> Iterator[_Interrupt]:
+    """Catch Ctrl-C with ``_Interrupt`` where Python's own handler would (the main thread, a
+    SIGINT not ignored by whoever started us)."""
+    interrupt = _Interrupt()
+    main = threading.current_thread() is threading.main_thread()
+    ours = main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
+        signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield interrupt
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _speculate(
     engine: SpeculativeEngine, ids: list[int], config: GenerationConfig, tokenizer: Tokenizer, out: Console, show: bool
 ) -> GenerationResult:
@@ -242,12 +276,14 @@ def _speculate(
     events = []
     # closing: a Ctrl-C while a step prints ends the stream there too (the engine then frees
     # the target's run, a remote verifier's session), not whenever the stream is collected.
-    with closing(engine.stream(ids, config)) as stream:
+    with _interruptible() as interrupt, closing(engine.stream(ids, config, lambda: interrupt.seen)) as stream:
         for event in stream:
+            interrupt.check()
             events.append(event)
             if show:
                 colours.push(event.tokens, event.sources)
                 out.print(colours.render(event.text), end="")
+        interrupt.check()  # a Ctrl-C that a finalizer swallowed still ends the run as one
     return GenerationResult.from_events(ids, events)
 
 
