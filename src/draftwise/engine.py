@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftwise.config import GenerationConfig
-from draftwise.drafters import EMPTY_PROPOSAL, Drafter, ModelDrafter, Proposal
+from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, model_drafter
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
 from draftwise.lm import LanguageModel, Tokenizer
@@ -212,7 +212,7 @@ class SpeculativeEngine:
     def from_models(
         cls, target: LanguageModel, draft: LanguageModel | Drafter | None = None, profile: CostProfile | None = None
     ) -> SpeculativeEngine:
-        drafter = ModelDrafter(draft) if isinstance(draft, LanguageModel) else draft
+        drafter = model_drafter(draft, target.tokenizer) if isinstance(draft, LanguageModel) else draft
         return cls(LocalTarget(target), drafter, tokenizer=target.tokenizer, profile=profile)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

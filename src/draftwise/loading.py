@@ -9,9 +9,10 @@ A source is one of:
 
 ``--backend auto`` runs GGUF files (packaged models are GGUF files) on llama.cpp when
 llama-cpp-python is installed, and everything else, or GGUF without llama-cpp-python, on
-transformers. ``load_pair`` also checks that a draft speaks the target's tokenizer; every entry
-point loads through it, by way of ``draftwise.prepare.prepare_pair`` (which also warms the pair
-up and calibrates the cost policy).
+transformers. ``load_pair`` also says how a draft reaches the target: with the target's own
+token ids, or through text when its tokenizer is another; every entry point loads through it,
+by way of ``draftwise.prepare.prepare_pair`` (which also warms the pair up and calibrates the
+cost policy).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from draftwise.config import ModelOptions
 from draftwise.errors import ModelLoadError
 from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.registry import REGISTRY, is_pulled, model_path
-from draftwise.tokenizer_compat import check_compatible
+from draftwise.tokenizer_compat import draft_mode
 
 Log = Callable[[str], None]
 LLAMA_CPP_INSTALL = (
@@ -119,18 +120,28 @@ def load_tokenizer(source: str, options: ModelOptions | None = None) -> Tokenize
 def load_pair(
     target: str, draft: str | None, options: ModelOptions | None = None, *, log: Log | None = None, slots: int = 1
 ) -> tuple[LanguageModel, LanguageModel | None]:
-    """Load the target and (unless ``draft`` is None) the draft model, and check that the
-    draft speaks the target's tokenizer.
+    """Load the target and (unless ``draft`` is None) the draft model, and check how the
+    draft reaches the target: with the target's token ids, or through text when it speaks
+    another vocabulary (said in the log; ``IncompatibleModelsError`` for a draft that cannot
+    write the target's text). A draft never gets a longer context than the target's.
 
     A draft named like the target is a fork of it: the same weights with a cache of its own,
     a draft that is always right (a check of the loop, and a way to measure its overhead).
     ``slots``: see ``load_lm``.
     """
     options = options or ModelOptions()
+    log = log or (lambda message: None)
     target_lm = load_lm(target, options, log=log, slots=slots)
     if draft is None:
         return target_lm, None
-    draft_lm = target_lm.fork() if draft == target else load_lm(draft, options, draft=True, log=log, slots=slots)
+    if draft == target:
+        return target_lm, target_lm.fork()
+    capped = options.model_copy(update={"context": options.context or target_lm.max_context})
+    draft_lm = load_lm(draft, capped, draft=True, log=log, slots=slots)
     if target_lm.tokenizer is not None and draft_lm.tokenizer is not None:
-        check_compatible(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
+        if draft_mode(target_lm.tokenizer, draft_lm.tokenizer, target, draft) == "text":
+            log(
+                f"draft {draft} speaks another vocabulary than {target}: it drafts through text, re-encoded in "
+                f"{target}'s tokens"
+            )
     return target_lm, draft_lm

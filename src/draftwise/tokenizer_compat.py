@@ -1,5 +1,10 @@
-"""Draft/target compatibility: a draft model is only useful if its token ids mean the same
-strings as the target's.
+"""Draft/target compatibility: which way a draft model's tokens reach the target.
+
+A draft whose token ids mean the same strings as the target's proposes its own ids (the
+``shared`` vocabulary). Any other draft drafts through text (``text``, see
+``draftwise.drafters.CrossVocabDrafter``), which needs a draft that can write every
+character: one that reads some back as something else (a SentencePiece vocabulary without
+byte fallback, which has ``<unk>`` for what it lacks) is refused.
 
 The embedding (output) sizes may differ: Qwen pads its embedding matrix beyond the real
 vocabulary, and ids past the tokenizer's vocabulary are never produced by either side, so only
@@ -8,39 +13,36 @@ the vocabularies themselves are compared. ``verify`` aligns distributions of dif
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from draftwise.errors import IncompatibleModelsError
+from draftwise.retokenize import round_trip_loss
 
 if TYPE_CHECKING:
     from draftwise.lm import Tokenizer
 
-
-def _vocab(tokenizer: Tokenizer) -> dict[str, int]:
-    return dict(tokenizer.get_vocab())
+DraftMode = Literal["shared", "text"]
 
 
-def check_compatible(
+def shares_vocabulary(target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer) -> bool:
+    """Whether both tokenizers map the same strings to the same ids."""
+    return target_tokenizer is draft_tokenizer or dict(target_tokenizer.get_vocab()) == dict(
+        draft_tokenizer.get_vocab()
+    )
+
+
+def draft_mode(
     target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer, target_name: str = "target", draft_name: str = "draft"
-) -> None:
-    """Raise ``IncompatibleModelsError`` unless both tokenizers map the same strings to the same ids."""
-    target_vocab, draft_vocab = _vocab(target_tokenizer), _vocab(draft_tokenizer)
-    if target_vocab == draft_vocab:
-        return
-    pair = f"draft {draft_name!r} and target {target_name!r}"
-    if len(target_vocab) != len(draft_vocab):
-        only = sorted(set(draft_vocab) - set(target_vocab))[:3] or sorted(set(target_vocab) - set(draft_vocab))[:3]
+) -> DraftMode:
+    """``shared`` when the draft speaks the target's vocabulary, ``text`` when it drafts
+    through text; ``IncompatibleModelsError`` when it cannot write the target's text."""
+    if shares_vocabulary(target_tokenizer, draft_tokenizer):
+        return "shared"
+    loss = round_trip_loss(draft_tokenizer)
+    if loss is not None:
         raise IncompatibleModelsError(
-            f"{pair} have different tokenizers: {len(draft_vocab)} vs {len(target_vocab)} tokens "
-            f"(e.g. {', '.join(map(repr, only))} is in one only); use a draft from the same model "
-            "family, or --drafter ngram"
+            f"draft {draft_name!r} speaks another vocabulary than target {target_name!r} and cannot write every "
+            f"character of its text ({loss}); use a draft with byte fallback, one from the target's family, "
+            "or --drafter ngram"
         )
-    by_id_target = {i: t for t, i in target_vocab.items()}
-    token, draft_id = next(
-        (t, i) for t, i in sorted(draft_vocab.items(), key=lambda item: item[1]) if target_vocab.get(t) != i
-    )
-    raise IncompatibleModelsError(
-        f"{pair} have different tokenizers: id {draft_id} is {token!r} in the draft but "
-        f"{by_id_target.get(draft_id)!r} in the target; use a draft from the same model family, "
-        "or --drafter ngram"
-    )
+    return "text"

@@ -45,13 +45,13 @@ class GenerationTimeout(DraftwiseError):
     status = 504
 
 
-def make_drafter(name: DrafterName, draft: LanguageModel | None) -> Drafter | None:
-    """The drafter a request asked for; ``None`` is plain decoding."""
+def make_drafter(name: DrafterName, draft: LanguageModel | None, target: LanguageModel) -> Drafter | None:
+    """The drafter a request asked for, drafting for ``target``; ``None`` is plain decoding."""
     if name == "off":
         return None
     if name in NEEDS_DRAFT_MODEL and draft is None:
         raise ValueError("this server has no draft model; use drafter 'ngram' or 'off'")
-    return build_drafter(name, draft)
+    return build_drafter(name, draft, target.tokenizer)
 
 
 @dataclass
@@ -70,7 +70,10 @@ class Worker:
 
     def engine(self, drafter: DrafterName) -> SpeculativeEngine:
         return SpeculativeEngine(
-            LocalTarget(self.target), make_drafter(drafter, self.draft), self.target.tokenizer, profile=self.profile
+            LocalTarget(self.target),
+            make_drafter(drafter, self.draft, self.target),
+            self.target.tokenizer,
+            profile=self.profile,
         )
 
 

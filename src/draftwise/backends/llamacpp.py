@@ -342,6 +342,8 @@ def load_llamacpp(
             "kernels that are not row-invariant; use a K-quant file (Q4_K_M, Q5_K_M, Q6_K, Q8_0) or drop --exact"
         )
     n_ctx = options.context or min(weights.n_ctx_train or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    if draft and weights.n_ctx_train:
+        n_ctx = min(n_ctx, weights.n_ctx_train)  # a draft that runs out of context stops drafting
     if weights.n_ctx_train and n_ctx > weights.n_ctx_train:
         raise ModelLoadError(f"--context {n_ctx} is over {path.name}'s own context of {weights.n_ctx_train} positions")
     check_kv_memory(weights, n_ctx, slots)

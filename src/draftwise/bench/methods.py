@@ -139,7 +139,8 @@ def build_methods(
             methods[name] = DraftwiseMethod(name, autoregressive(target), target_timer)
         else:
             timed = [*target_timer, timers[id(draft)]] if name in NEEDS_DRAFT_MODEL else target_timer
-            drafter = build_drafter(cast(DrafterKind, name), draft)  # neither an anchor nor the baseline
+            # neither an anchor nor the baseline
+            drafter = build_drafter(cast(DrafterKind, name), draft, target.tokenizer)
             engine = SpeculativeEngine.from_models(target, drafter, copy.deepcopy(profile))
             methods[name] = DraftwiseMethod(name, engine, timed)
     return methods, list(timers.values())

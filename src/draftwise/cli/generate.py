@@ -175,24 +175,40 @@ def _load_for_remote(
     target: str, draft: str | None, remote: RemoteTarget, models: ModelOptions, console: Console
 ) -> _Models:
     """What runs here when a verifier runs the target: the draft model, which also supplies the
-    tokenizer, or for n-gram drafting (no draft) the tokenizer of ``target`` alone."""
-    from draftwise.loading import load_lm, load_tokenizer
+    tokenizer when it speaks the target's; else (n-gram drafting, or a draft of another
+    vocabulary, which drafts through text) the tokenizer of ``target`` is loaded too."""
+    from draftwise.loading import load_lm
+    from draftwise.tokenizer_compat import draft_mode
 
-    if draft is not None:
-        with console.status(f"loading draft {draft}"):
-            draft_lm = load_lm(draft, models, draft=True, log=console.print)
-        remote.check_tokenizer(draft_lm.tokenizer)
-        return _Models(None, draft_lm, _tokenizer_of(draft_lm, draft))
+    if draft is None:
+        return _Models(None, None, _remote_target_tokenizer(target, remote, models, console, "n-gram drafting"))
+    with console.status(f"loading draft {draft}"):
+        draft_lm = load_lm(draft, models, draft=True, log=console.print)
+    draft_tokenizer = _tokenizer_of(draft_lm, draft)
+    if remote.speaks(draft_tokenizer):
+        return _Models(None, draft_lm, draft_tokenizer)
+    tokenizer = _remote_target_tokenizer(target, remote, models, console, f"draft {draft}, of another vocabulary,")
+    draft_mode(tokenizer, draft_tokenizer, target, draft)  # refuses a draft that cannot write the target's text
+    console.print(f"draft {draft} speaks another vocabulary than {target}: it drafts through text")
+    return _Models(None, draft_lm, tokenizer)
+
+
+def _remote_target_tokenizer(
+    target: str, remote: RemoteTarget, models: ModelOptions, console: Console, who: str
+) -> Tokenizer:
+    """The tokenizer of ``target`` alone, checked against the verifier's."""
+    from draftwise.loading import load_tokenizer
+
     with console.status(f"loading the tokenizer of {target}"):
         try:
             tokenizer = load_tokenizer(target, models)
         except ModelLoadError as exc:
             raise ModelLoadError(
-                f"n-gram drafting through a verifier encodes the prompt with its target's tokenizer "
+                f"{who} through a verifier encodes the prompt with its target's tokenizer "
                 f"(--target names where to load it from): {exc}"
             ) from None
     remote.check_tokenizer(tokenizer, f"{target}'s")
-    return _Models(None, None, tokenizer)
+    return tokenizer
 
 
 def _load(
@@ -229,9 +245,12 @@ def _engine(loaded: _Models, drafter: DrafterKind, remote: RemoteTarget | None) 
     from draftwise.engine import SpeculativeEngine
 
     if remote is not None:
-        return SpeculativeEngine(remote, build_drafter(drafter, loaded.draft), tokenizer=loaded.tokenizer)
+        return SpeculativeEngine(
+            remote, build_drafter(drafter, loaded.draft, loaded.tokenizer), tokenizer=loaded.tokenizer
+        )
     assert loaded.target is not None  # without a verifier, _load loaded the target here
-    return SpeculativeEngine.from_models(loaded.target, build_drafter(drafter, loaded.draft), loaded.profile)
+    drafting = build_drafter(drafter, loaded.draft, loaded.tokenizer)
+    return SpeculativeEngine.from_models(loaded.target, drafting, loaded.profile)
 
 
 class _Interrupt:

@@ -141,6 +141,10 @@ class RemoteTarget:
         until the idle timeout. The connection stays open for the next run."""
         self.session.close()
 
+    def speaks(self, tokenizer: Tokenizer | None) -> bool:
+        """Whether the verifier's target maps tokens to the same ids as ``tokenizer``."""
+        return tokenizer_fingerprint(tokenizer) == self.info.tokenizer_fingerprint
+
     def check_tokenizer(self, tokenizer: Tokenizer | None, whose: str = "the draft's") -> None:
         """Refuse a verifier whose tokenizer maps tokens to other ids than ``tokenizer`` does."""
         mine, theirs = tokenizer_fingerprint(tokenizer), self.info.tokenizer_fingerprint
