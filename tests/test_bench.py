@@ -282,3 +282,20 @@ def test_cli_errors_are_one_line(tmp_path: Path, args: tuple[str, ...], message:
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
+
+
+def test_other_drafts_run_each_drafting_method_again(tmp_path: Path) -> None:
+    config = _config(tmp_path, methods=("baseline", "model", "ngram"), other_drafts=("tiny:2",), limit=1)
+    assert config.runs == ("baseline", "model", "ngram", "model@tiny:2")
+    report = run_bench(config).read_text()
+    records = _lines(config.out)
+    assert {r["method"] for r in records} == set(config.runs)
+    by = {(r["prompt_id"], r["turn"], r["method"]): r["tokens"] for r in records}
+    for (prompt, turn, method), tokens in by.items():
+        assert tokens == by[(prompt, turn, "baseline")], method  # greedy: every method is lossless
+    assert "| model@tiny:2 | " in report and "other drafts: `tiny:2`" in report
+
+
+def test_other_drafts_need_a_method_that_drafts_with_a_model(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--other-drafts runs the methods that draft with a model"):
+        _config(tmp_path, methods=("baseline", "ngram"), other_drafts=("tiny:2",))

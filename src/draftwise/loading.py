@@ -130,12 +130,26 @@ def load_pair(
     ``slots``: see ``load_lm``.
     """
     options = options or ModelOptions()
-    log = log or (lambda message: None)
     target_lm = load_lm(target, options, log=log, slots=slots)
     if draft is None:
         return target_lm, None
+    return target_lm, load_draft(target_lm, target, draft, options, log=log, slots=slots)
+
+
+def load_draft(
+    target_lm: LanguageModel,
+    target: str,
+    draft: str,
+    options: ModelOptions | None = None,
+    *,
+    log: Log | None = None,
+    slots: int = 1,
+) -> LanguageModel:
+    """The draft half of ``load_pair``, for the target ``target_lm`` loaded from ``target``."""
+    options = options or ModelOptions()
+    log = log or (lambda message: None)
     if draft == target:
-        return target_lm, target_lm.fork()
+        return target_lm.fork()
     capped = options.model_copy(update={"context": options.context or target_lm.max_context})
     draft_lm = load_lm(draft, capped, draft=True, log=log, slots=slots)
     if target_lm.tokenizer is not None and draft_lm.tokenizer is not None:
@@ -144,4 +158,4 @@ def load_pair(
                 f"draft {draft} speaks another vocabulary than {target}: it drafts through text, re-encoded in "
                 f"{target}'s tokens"
             )
-    return target_lm, draft_lm
+    return draft_lm

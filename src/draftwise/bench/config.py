@@ -52,6 +52,11 @@ class BenchConfig(BaseModel):
         ("baseline", "model", "ngram", "hybrid"),
         description="methods to compare; 'baseline' (draftwise's plain decoding) is always run",
     )
+    other_drafts: tuple[str, ...] = Field(
+        (),
+        description="more draft models, compared on the same prompts: each runs the methods that draft with a "
+        "model again, named METHOD@DRAFT (hybrid@smollm2-135m)",
+    )
     data: str = Field(SPEC_BENCH, description="'spec_bench' (packaged) or a JSONL file of prompts")
     subtasks: tuple[str, ...] | None = Field(None, description="subtasks to run; None = all in the data")
     limit: int | None = Field(None, ge=1, description="prompts per subtask")
@@ -85,9 +90,24 @@ class BenchConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _other_drafts_need_a_drafting_method(self) -> BenchConfig:
+        if self.other_drafts and not any(m in NEEDS_DRAFT_MODEL for m in self.methods):
+            raise ValueError(
+                f"--other-drafts runs the methods that draft with a model ({', '.join(sorted(NEEDS_DRAFT_MODEL))}) "
+                "with each draft; --methods names none"
+            )
+        return self
+
     @property
     def needs_draft_model(self) -> bool:
         return any(m in METHODS_WITH_DRAFT_MODEL for m in self.methods)
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """Every method run: ``methods``, then each drafting one again with each other draft."""
+        drafting = [m for m in self.methods if m in NEEDS_DRAFT_MODEL]
+        return (*self.methods, *(f"{m}@{draft}" for draft in self.other_drafts for m in drafting))
 
     def results_hash(self) -> str:
         """Hash of every setting that changes what a method produces or how fast.

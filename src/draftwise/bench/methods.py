@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
-from draftwise.bench.config import ANCHORS, HF_ANCHORS, BenchConfig, BenchError
+from draftwise.bench.config import ANCHORS, HF_ANCHORS, REFERENCE, BenchConfig, BenchError
 from draftwise.bench.trace import Method, Trace
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig
 from draftwise.drafters import build_drafter
@@ -23,6 +23,7 @@ from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.lm import LanguageModel
 from draftwise.metrics import GenerationMetrics
 from draftwise.policies import CostProfile
+from draftwise.prepare import Pair
 
 if TYPE_CHECKING:
     from draftwise.backends.hf import HFModel
@@ -125,22 +126,46 @@ def _anchor(name: str, config: BenchConfig, target: LanguageModel, draft: Langua
 
 
 def build_methods(
-    config: BenchConfig, target: LanguageModel, draft: LanguageModel | None, profile: CostProfile | None = None
+    config: BenchConfig,
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    profile: CostProfile | None = None,
+    others: Mapping[str, Pair] | None = None,
 ) -> tuple[dict[str, Method], list[RollbackTimer]]:
-    """One ``Method`` per configured name, sharing the loaded models; close the timers when done.
-    Each draftwise method starts from its own copy of ``profile`` (measured costs)."""
-    timers = {id(lm): RollbackTimer(lm) for lm in (target, draft) if lm is not None}
-    target_timer = [timers[id(target)]]
+    """One ``Method`` per name of ``config.runs``, sharing the loaded models; close the timers
+    when done. ``others``: the prepared pair of each of ``config.other_drafts`` (its draft and
+    costs). Each draftwise method starts from its own copy of its measured costs."""
+    others = others or {}
+    drafts = [lm for lm in (target, draft, *(pair.draft for pair in others.values())) if lm is not None]
+    timers = {id(lm): RollbackTimer(lm) for lm in drafts}
     methods: dict[str, Method] = {}
     for name in config.methods:
         if name in ANCHORS:
             methods[name] = _anchor(name, config, target, draft)
-        elif name == "baseline":
-            methods[name] = DraftwiseMethod(name, autoregressive(target), target_timer)
-        else:
-            timed = [*target_timer, timers[id(draft)]] if name in NEEDS_DRAFT_MODEL else target_timer
-            # neither an anchor nor the baseline
-            drafter = build_drafter(cast(DrafterKind, name), draft, target.tokenizer)
-            engine = SpeculativeEngine.from_models(target, drafter, copy.deepcopy(profile))
-            methods[name] = DraftwiseMethod(name, engine, timed)
+        else:  # draftwise's own: the baseline or a drafter
+            methods[name] = _draftwise(name, name, target, draft, profile, timers)
+    for other, pair in others.items():
+        for name in config.methods:
+            if name in NEEDS_DRAFT_MODEL:
+                methods[f"{name}@{other}"] = _draftwise(
+                    f"{name}@{other}", name, target, pair.draft, pair.profile, timers
+                )
     return methods, list(timers.values())
+
+
+def _draftwise(
+    label: str,
+    name: str,
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    profile: CostProfile | None,
+    timers: Mapping[int, RollbackTimer],
+) -> DraftwiseMethod:
+    """draftwise's method ``name`` (the baseline or a drafter) with ``draft``, as ``label``."""
+    if name == REFERENCE:
+        return DraftwiseMethod(label, autoregressive(target), [timers[id(target)]])
+    uses_draft = name in NEEDS_DRAFT_MODEL and draft is not None
+    timed = [timers[id(target)], *([timers[id(draft)]] if uses_draft else [])]
+    drafter = build_drafter(cast(DrafterKind, name), draft, target.tokenizer)
+    engine = SpeculativeEngine.from_models(target, drafter, copy.deepcopy(profile))
+    return DraftwiseMethod(label, engine, timed)

@@ -284,9 +284,17 @@ def _setup_lines(
         f"draftwise {machine['draftwise']}",
         f"- target `{config.target}`, draft `{config.draft}`, models {_models_line(config)}, "
         f"max new tokens {config.generation.max_new_tokens}, {_decoding_line(config)}",
+        *(
+            [
+                f"- other drafts: {', '.join(f'`{o}`' for o in config.other_drafts)}; `METHOD@DRAFT` is METHOD "
+                "drafting with that model (through text where its tokenizer is not the target's)"
+            ]
+            if config.other_drafts
+            else []
+        ),
         f"- drafting: k policy `{d.k_policy}`, k {d.k}, k_max {d.k_max}, confidence threshold "
         f"{d.confidence_threshold}, n-gram {d.ngram_min}..{d.ngram_max}",
-        *[f"- `{m}`: {note}" for m in config.methods if (note := describe(m, config.generation))],
+        *[f"- `{m}`: {note}" for m in config.runs if (note := describe(m, config.generation))],
         f"- prompts: {len(prompts)} ({sum(len(p.turns) for p in prompts)} turns) from `{config.data}`: "
         + ", ".join(f"{s} {n}" for s, n in counts.items()),
         f"- prompt format: {prompt_format}",
@@ -306,7 +314,7 @@ def render(
     command: str | None,
     plots: Sequence[str],
 ) -> str:
-    methods = list(config.methods)
+    methods = list(config.runs)
     greedy = config.generation.sampling.greedy
     groups = summary["groups"]
     lines = _setup_lines(summary, config, prompts, _chat_line(records, config), machine, command)

@@ -26,8 +26,9 @@ from draftwise.bench.store import Record, ResultStore, record_key
 from draftwise.bench.trace import Method, Trace
 from draftwise.chat import encode_messages, encode_raw
 from draftwise.config import GenerationConfig
-from draftwise.lm import Tokenizer
-from draftwise.prepare import Pair, prepare_pair
+from draftwise.lm import LanguageModel, Tokenizer
+from draftwise.loading import load_draft
+from draftwise.prepare import Pair, prepare, prepare_pair
 
 RESULTS = "results.jsonl"
 WARMUP_TOKENS = 8
@@ -151,6 +152,15 @@ def load_models(config: BenchConfig) -> Pair:
     return prepare_pair(config.target, draft, config.models, config.generation.draft)
 
 
+def load_other_drafts(config: BenchConfig, target: LanguageModel) -> dict[str, Pair]:
+    """Each of ``config.other_drafts`` loaded for the bench's ``target`` and prepared (warmed
+    up, its costs measured), as ``load_models`` prepares the pair."""
+    return {
+        name: prepare(target, load_draft(target, config.target, name, config.models), config.generation.draft)
+        for name in config.other_drafts
+    }
+
+
 def generation_for(
     config: BenchConfig, prompt: Prompt, turn: int, max_new_tokens: int | None = None
 ) -> GenerationConfig:
@@ -162,7 +172,7 @@ def generation_for(
 
 def unit_keys(prompt: Prompt, config: BenchConfig, config_hash: str) -> list[str]:
     """The record keys of one unit: every turn of ``prompt`` by every method."""
-    return [record_key(prompt.id, t, m, config_hash) for t in range(len(prompt.turns)) for m in config.methods]
+    return [record_key(prompt.id, t, m, config_hash) for t in range(len(prompt.turns)) for m in config.runs]
 
 
 class UnitRunner:
@@ -174,7 +184,8 @@ class UnitRunner:
         self.config = config
         self.config_hash = config.results_hash()
         self.target = pair.target
-        self.methods, self._timers = build_methods(config, pair.target, pair.draft, pair.profile)
+        others = load_other_drafts(config, pair.target)
+        self.methods, self._timers = build_methods(config, pair.target, pair.draft, pair.profile, others)
         if pair.target.tokenizer is None:
             raise BenchError(f"the target model {config.target!r} has no tokenizer; the bench needs one")
         self.builder = PromptBuilder(pair.target.tokenizer, config.chat_template)
@@ -325,7 +336,7 @@ class Bench:
         (self.config.out / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         todo = self.pending()
         if todo:
-            recorder = Recorder(self.store, self.records(), todo, progress, on_record, self.config.methods)
+            recorder = Recorder(self.store, self.records(), todo, progress, on_record, self.config.runs)
             if measure is not None:
                 self.retried_units += measure(self, recorder)
             else:
@@ -337,7 +348,7 @@ class Bench:
         return [
             r
             for r in self.store.records(self.config_hash)
-            if r["prompt_id"] in wanted and r["method"] in self.config.methods
+            if r["prompt_id"] in wanted and r["method"] in self.config.runs
         ]
 
     def _measure(self, pair: Pair, recorder: Recorder) -> None:
@@ -352,7 +363,7 @@ class Bench:
 
     def summary(self) -> dict[str, Any]:
         greedy = self.config.generation.sampling.greedy
-        return summarize(self.records(), self.prompts, self.config.methods, greedy)
+        return summarize(self.records(), self.prompts, self.config.runs, greedy)
 
 
 def run_bench(
@@ -372,5 +383,5 @@ def run_bench(
     bench = Bench(config)
     records = bench.run(progress=progress, on_record=on_record, models=models, measure=measure)
     summary = bench.summary()
-    plots = write_plots(config.out, summary, records, config.methods)
+    plots = write_plots(config.out, summary, records, config.runs)
     return write_report(config.out, summary, config, bench.prompts, records, command, [str(p) for p in plots])

@@ -58,16 +58,18 @@ def _subtasks(value: str) -> tuple[str, ...] | None:
 FLAGS = (
     Flags(
         BenchConfig,
-        include=("target", "draft", "methods", "data", "subtasks", "limit"),
+        include=("target", "draft", "other_drafts", "methods", "data", "subtasks", "limit"),
         help={
             "target": _with_defaults(BenchConfig, "target"),
             "draft": _with_defaults(BenchConfig, "draft"),
+            "other_drafts": "comma-separated draft models, each also run with the methods that draft with a model "
+            "(named METHOD@DRAFT), on the same prompts; default none",
             "methods": f"comma-separated methods, of: {', '.join(METHODS)}; 'baseline' always runs; default: "
             + ",".join(BenchConfig.model_fields["methods"].default),
             "subtasks": f"comma-separated subtasks (Spec-Bench: {', '.join(SPEC_BENCH_SUBTASKS)}); default all",
             "limit": _with_defaults(BenchConfig, "limit"),
         },
-        parse={"methods": split, "subtasks": _subtasks},
+        parse={"methods": split, "other_drafts": split, "subtasks": _subtasks},
     ),
     Flags(
         GenerationConfig,
