@@ -17,10 +17,10 @@ import torch
 from draftwise.backends.hf import HFModel
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
-from draftwise.drafters import CrossVocabDrafter, HybridDrafter, ModelDrafter, build_drafter
+from draftwise.drafters import CrossVocabDrafter, HybridDrafter, ModelDrafter, build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.errors import IncompatibleModelsError
-from draftwise.retokenize import TextTokens, TokenText, lead_ids, proposal_ids, round_trip_loss
+from draftwise.retokenize import TextTokens, TokenText, added_text, lead_ids, proposal_ids, round_trip_loss
 from draftwise.tokenizer_compat import draft_mode
 from test_sampling_stats import exact_pairs, sample_pairs
 
@@ -79,6 +79,14 @@ def test_token_text_of_a_long_sequence_reads_as_one_decode():
     assert min(read.cuts) >= len(ids) - TokenText.WINDOW  # only the last few cuts are kept
     read.follow(ids[:10])  # not an extension: read from scratch
     assert read.text == tokenizer.decode(ids[:10])
+
+
+def test_added_text_waits_for_a_whole_character_or_stops_before_it():
+    tokenizer = tiny_tokenizer()
+    anchor, new = tokenizer.encode("ab"), tokenizer.encode("cé")[:-1]  # c and half of é
+    assert added_text(tokenizer, anchor, new) is None
+    assert added_text(tokenizer, anchor, new, whole=False) == "c"
+    assert added_text(tokenizer, anchor, tokenizer.encode("cé")) == "cé"
 
 
 def test_text_tokens_grown_word_by_word_are_the_whole_texts_ids(merged):
@@ -161,12 +169,17 @@ def test_draft_mode_shared_text_or_refused(merged):
         draft_mode(tiny_tokenizer(), lossy, "t", "d")
 
 
-def test_build_drafter_drafts_through_text_only_for_another_vocabulary(tiny_target, tiny_random_draft, merged):
-    assert type(build_drafter("model", tiny_random_draft, tiny_target.tokenizer)) is ModelDrafter
+def test_a_draft_drafts_through_text_only_for_another_vocabulary(tiny_target, tiny_random_draft, merged):
+    assert text_bridge(tiny_target.tokenizer, tiny_random_draft) is None
+    assert type(build_drafter("model", tiny_random_draft)) is ModelDrafter
     other = tiny_lm(1, tokenizer=merged)
-    assert type(build_drafter("model", other, tiny_target.tokenizer)) is CrossVocabDrafter
-    hybrid = build_drafter("hybrid", other, tiny_target.tokenizer)
+    through = text_bridge(tiny_target.tokenizer, other)
+    assert through is tiny_target.tokenizer
+    assert type(build_drafter("model", other, through)) is CrossVocabDrafter
+    hybrid = build_drafter("hybrid", other, through)
     assert isinstance(hybrid, HybridDrafter) and type(hybrid.model) is CrossVocabDrafter
+    # The engine decides on its own when handed the draft model.
+    assert type(SpeculativeEngine.from_models(tiny_target, other).drafter) is CrossVocabDrafter
 
 
 # --- greedy exactness -----------------------------------------------------------------------
@@ -238,7 +251,7 @@ POLICIES = [
 @pytest.mark.parametrize("draft", ["same-words", "near-words", "random-merged"])
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda d: "-".join(f"{v}" for v in d.values()))
 def test_greedy_output_is_the_targets(target, baseline, drafts, kind, draft, policy):
-    drafter = build_drafter(kind, drafts[draft], target.tokenizer)
+    drafter = build_drafter(kind, drafts[draft], target.tokenizer)  # the draft speaks another vocabulary
     result = SpeculativeEngine.from_models(target, drafter).generate(PROMPT, config(**policy))
     assert result.tokens == baseline
     assert result.metrics.new_tokens == N
@@ -259,6 +272,19 @@ def test_the_drafts_cache_follows_the_accepted_text(target, drafts):
     # After the last verdict, what the draft holds is a prefix of the generated text's ids.
     assert draft.tokens == drafter.draft_ids.ids[: len(draft.tokens)]
     assert draft.tokenizer.decode(drafter.draft_ids.ids) == drafter.read.text
+
+
+def test_a_draft_whose_context_is_full_stops_drafting(target, drafts):
+    draft = reworded(target, shuffle=5)
+    draft.model.config.max_position_embeddings = 48
+    drafter = CrossVocabDrafter(draft, target.tokenizer)
+    prompt = target.tokenizer.encode(PROMPT)  # 42 tokens: room for a few draft tokens
+    drafter.start(prompt, config(), None)
+    assert drafter.offers(prompt) and 0 < len(drafter.propose(prompt, 12)) < 12
+    longer = target.tokenizer.encode(PROMPT + " mat.")
+    assert drafter.offers(longer) == () and len(drafter.propose(longer, 4)) == 0
+    result = SpeculativeEngine.from_models(target, drafter).generate(PROMPT, config(k_policy="fixed", k=4))
+    assert result.tokens == autoregressive(target).generate(PROMPT, config()).tokens
 
 
 # --- the sampled distribution ---------------------------------------------------------------

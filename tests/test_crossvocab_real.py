@@ -13,7 +13,7 @@ import json
 import pytest
 
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
-from draftwise.drafters import CrossVocabDrafter, HybridDrafter, build_drafter
+from draftwise.drafters import CrossVocabDrafter, HybridDrafter, build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.loading import load_pair
 
@@ -49,7 +49,7 @@ def test_greedy_output_is_the_targets_and_the_draft_is_accepted(pair, kind):
     proposed = accepted = 0
     for prompt in PROMPTS:
         plain = autoregressive(target).generate(prompt, GREEDY)
-        drafter = build_drafter(kind, draft, target.tokenizer)
+        drafter = build_drafter(kind, draft, text_bridge(target.tokenizer, draft))
         assert isinstance(drafter, CrossVocabDrafter | HybridDrafter)
         spec = SpeculativeEngine.from_models(target, drafter).generate(prompt, GREEDY)
         assert spec.tokens == plain.tokens, prompt

@@ -18,7 +18,7 @@ import torch
 
 from draftwise import DraftConfig, GenerationConfig, NGramDrafter, SamplingConfig, SpeculativeEngine, autoregressive
 from draftwise.config import ModelOptions
-from draftwise.drafters import EMPTY_PROPOSAL, CrossVocabDrafter, Proposal, build_drafter
+from draftwise.drafters import EMPTY_PROPOSAL, CrossVocabDrafter, HybridDrafter, Proposal, build_drafter, text_bridge
 from draftwise.errors import DraftwiseError, ModelLoadError
 from draftwise.loading import choose_backend, load_lm, load_pair
 from draftwise.policies import Offer
@@ -244,7 +244,8 @@ def test_a_pair_whose_vocabularies_differ_drafts_through_text():
     target, draft = load_pair(SMOL, "tiny:0", ModelOptions(), log=said.append)
     assert draft is not None and draft.backend == "hf"
     assert any("speaks another vocabulary" in line and "drafts through text" in line for line in said)
-    assert type(build_drafter("hybrid", draft, target.tokenizer).model) is CrossVocabDrafter
+    drafter = build_drafter("hybrid", draft, text_bridge(target.tokenizer, draft))
+    assert isinstance(drafter, HybridDrafter) and type(drafter.model) is CrossVocabDrafter
 
 
 def test_without_llama_cpp_auto_falls_back_and_llamacpp_says_how_to_install(monkeypatch):

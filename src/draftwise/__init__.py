@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LanguageModel": "draftwise.lm",
     "ModelOptions": "draftwise.config",
+    "CrossVocabDrafter": "draftwise.drafters",
     "DraftConfig": "draftwise.config",
     "Drafter": "draftwise.drafters",
     "GenerationConfig": "draftwise.config",
@@ -38,6 +39,7 @@ _EXPORTS = {
     "TokenSource": "draftwise.verify",
     "Verdict": "draftwise.verify",
     "autoregressive": "draftwise.engine",
+    "build_drafter": "draftwise.drafters",
     "load_lm": "draftwise.loading",
     "load_pair": "draftwise.loading",
 }
@@ -55,11 +57,13 @@ if TYPE_CHECKING:
         SamplingConfig as SamplingConfig,
     )
     from draftwise.drafters import (
+        CrossVocabDrafter as CrossVocabDrafter,
         Drafter as Drafter,
         HybridDrafter as HybridDrafter,
         ModelDrafter as ModelDrafter,
         NGramDrafter as NGramDrafter,
         Proposal as Proposal,
+        build_drafter as build_drafter,
     )
     from draftwise.engine import (
         GenerationResult as GenerationResult,

@@ -19,7 +19,7 @@ import torch
 from draftwise.config import DrafterKind, GenerationConfig, SamplingConfig
 from draftwise.lm import LanguageModel, Tokenizer, sync
 from draftwise.policies import Offer
-from draftwise.retokenize import REPLACEMENT, TextTokens, TokenText, added_text, proposal_ids
+from draftwise.retokenize import TextTokens, TokenText, added_text, proposal_ids
 from draftwise.tokenizer_compat import shares_vocabulary
 from draftwise.verify import Verdict, logits_to_probs, sample
 
@@ -278,6 +278,8 @@ class CrossVocabDrafter:
     def _steps(self, k: int) -> int:
         """Draft tokens for ``k`` target tokens and one more, as the two vocabularies have
         measured each other on the context so far."""
+        if not self.draft_ids.ids:  # nothing to continue yet (a prompt of half a character)
+            return 0
         ratio = min(3.0, max(0.5, len(self.draft_ids.ids) / max(1, self.read.clean)))
         return min(self.model.room(len(self.draft_ids.ids)), math.ceil((k + 1) * ratio))
 
@@ -304,12 +306,11 @@ class CrossVocabDrafter:
         if cut is not None:
             markup = self.lm.tokenizer.decode(drafted[cut : cut + 1])
             drafted = drafted[: cut + 1] if markup in self.target_tokenizer.control_tokens else drafted[:cut]
-        text = added_text(self.lm.tokenizer, self.draft_ids.ids[-TokenText.ANCHOR :], drafted)
-        return (text or "").rstrip(REPLACEMENT)
+        return added_text(self.lm.tokenizer, self.draft_ids.ids[-TokenText.ANCHOR :], drafted, whole=False) or ""
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         self._follow(context)
-        if self.lm.tokens:
+        if self.lm.tokens and self.draft_ids.ids:
             sync(self.lm, self.draft_ids.ids)
 
 
@@ -349,20 +350,27 @@ class HybridDrafter:
         self.ngram.observe(context, verdict)
 
 
-def model_drafter(draft: LanguageModel, target_tokenizer: Tokenizer | None = None) -> ModelDrafter | CrossVocabDrafter:
-    """The drafter of a draft model: through text when it speaks another vocabulary than
-    ``target_tokenizer`` (None: the target's own, as ``load_pair`` checked)."""
-    if target_tokenizer is None or draft.tokenizer is None or shares_vocabulary(target_tokenizer, draft.tokenizer):
-        return ModelDrafter(draft)
-    return CrossVocabDrafter(draft, target_tokenizer)
+def text_bridge(target_tokenizer: Tokenizer | None, draft: LanguageModel | None) -> Tokenizer | None:
+    """``target_tokenizer`` where ``draft`` speaks another vocabulary and so drafts through
+    text; None where it proposes the target's own ids (or there is no draft). It compares
+    whole vocabularies: decide once per pair of models, not per request."""
+    if target_tokenizer is None or draft is None or draft.tokenizer is None:
+        return None
+    return None if shares_vocabulary(target_tokenizer, draft.tokenizer) else target_tokenizer
 
 
-def build_drafter(kind: DrafterKind, draft: LanguageModel | None, target_tokenizer: Tokenizer | None = None) -> Drafter:
+def model_drafter(draft: LanguageModel, through: Tokenizer | None = None) -> ModelDrafter | CrossVocabDrafter:
+    """The drafter of a draft model: through text, to the vocabulary of ``through`` (see
+    ``text_bridge``), or proposing its own ids."""
+    return ModelDrafter(draft) if through is None else CrossVocabDrafter(draft, through)
+
+
+def build_drafter(kind: DrafterKind, draft: LanguageModel | None, through: Tokenizer | None = None) -> Drafter:
     """The drafter called ``kind``, drafting with ``draft`` where it needs a model (through
-    text where its vocabulary is not ``target_tokenizer``'s)."""
+    text to the vocabulary of ``through``, see ``text_bridge``)."""
     if kind == NGRAM:
         return NGramDrafter()
     if draft is None:
         raise ValueError(f"drafter {kind!r} needs a draft model")
-    model = model_drafter(draft, target_tokenizer)
+    model = model_drafter(draft, through)
     return HybridDrafter(model) if kind == "hybrid" else model

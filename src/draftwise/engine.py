@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftwise.config import GenerationConfig
-from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, model_drafter
+from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, model_drafter, text_bridge
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
 from draftwise.lm import LanguageModel, Tokenizer
@@ -212,8 +212,9 @@ class SpeculativeEngine:
     def from_models(
         cls, target: LanguageModel, draft: LanguageModel | Drafter | None = None, profile: CostProfile | None = None
     ) -> SpeculativeEngine:
-        drafter = model_drafter(draft, target.tokenizer) if isinstance(draft, LanguageModel) else draft
-        return cls(LocalTarget(target), drafter, tokenizer=target.tokenizer, profile=profile)
+        if isinstance(draft, LanguageModel):  # its ids, or through text where it speaks another vocabulary
+            draft = model_drafter(draft, text_bridge(target.tokenizer, draft))
+        return cls(LocalTarget(target), draft, tokenizer=target.tokenizer, profile=profile)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -26,18 +26,19 @@ ROUND_TRIP_PROBE = (
 )
 
 
-def added_text(tokenizer: Tokenizer, anchor: Sequence[int], new: Sequence[int]) -> str | None:
+def added_text(tokenizer: Tokenizer, anchor: Sequence[int], new: Sequence[int], *, whole: bool = True) -> str | None:
     """The text ``new`` adds after ``anchor`` (the few tokens before it, which end on a whole
-    character); None while it ends inside a character.
+    character); None while it ends inside a character, or without ``whole``, the text up to
+    that character.
 
     Decoded with its anchor, a token reads as it does inside the sequence: some tokenizers
     write a token's leading space differently at the start of a text.
     """
     before = tokenizer.decode(list(anchor))
     after = tokenizer.decode([*anchor, *new])
-    if after.endswith(REPLACEMENT) or not after.startswith(before):
+    if not after.startswith(before) or (whole and after.endswith(REPLACEMENT)):
         return None
-    return after[len(before) :]
+    return after[len(before) :].rstrip(REPLACEMENT)
 
 
 def lead_ids(tokenizer: Tokenizer) -> list[int]:

@@ -26,9 +26,7 @@ DraftMode = Literal["shared", "text"]
 
 def shares_vocabulary(target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer) -> bool:
     """Whether both tokenizers map the same strings to the same ids."""
-    return target_tokenizer is draft_tokenizer or dict(target_tokenizer.get_vocab()) == dict(
-        draft_tokenizer.get_vocab()
-    )
+    return target_tokenizer is draft_tokenizer or target_tokenizer.get_vocab() == draft_tokenizer.get_vocab()
 
 
 def draft_mode(

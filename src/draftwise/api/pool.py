@@ -22,11 +22,11 @@ from typing import Any, cast
 
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig
-from draftwise.drafters import Drafter, build_drafter
+from draftwise.drafters import Drafter, build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine
 from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
-from draftwise.lm import LanguageModel
+from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.policies import CostProfile
 from draftwise.target import LocalTarget
 
@@ -45,13 +45,14 @@ class GenerationTimeout(DraftwiseError):
     status = 504
 
 
-def make_drafter(name: DrafterName, draft: LanguageModel | None, target: LanguageModel) -> Drafter | None:
-    """The drafter a request asked for, drafting for ``target``; ``None`` is plain decoding."""
+def make_drafter(name: DrafterName, draft: LanguageModel | None, through: Tokenizer | None) -> Drafter | None:
+    """The drafter a request asked for (``through``: see ``text_bridge``); ``None`` is plain
+    decoding."""
     if name == "off":
         return None
     if name in NEEDS_DRAFT_MODEL and draft is None:
         raise ValueError("this server has no draft model; use drafter 'ngram' or 'off'")
-    return build_drafter(name, draft, target.tokenizer)
+    return build_drafter(name, draft, through)
 
 
 @dataclass
@@ -60,6 +61,8 @@ class Worker:
     draft: LanguageModel | None
     # What drafting costs here, learnt by every request this worker runs (see CostProfile).
     profile: CostProfile = field(default_factory=CostProfile)
+    # The target's tokenizer where the draft speaks another vocabulary (see text_bridge).
+    through: Tokenizer | None = None
 
     def rest(self) -> None:
         """Forget the finished generation: its KV cache is free, and a backend that batches
@@ -71,7 +74,7 @@ class Worker:
     def engine(self, drafter: DrafterName) -> SpeculativeEngine:
         return SpeculativeEngine(
             LocalTarget(self.target),
-            make_drafter(drafter, self.draft, self.target),
+            make_drafter(drafter, self.draft, self.through),
             self.target.tokenizer,
             profile=self.profile,
         )
@@ -93,11 +96,13 @@ def build_workers(
     def fork(lm: LanguageModel | None, i: int) -> LanguageModel | None:
         return lm if lm is None or (own and i == 0) else lm.fork()
 
+    through = text_bridge(target.tokenizer, draft)  # forks share their models' tokenizers
     return [
         Worker(
             cast(LanguageModel, fork(target, i)),
             fork(draft, i),
             copy.deepcopy(profile) if profile is not None else CostProfile(),
+            through,
         )
         for i in range(count)
     ]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 from draftwise.bench.config import ANCHORS, HF_ANCHORS, REFERENCE, BenchConfig, BenchError
 from draftwise.bench.trace import Method, Trace
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig
-from draftwise.drafters import build_drafter
+from draftwise.drafters import build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.lm import LanguageModel
 from draftwise.metrics import GenerationMetrics
@@ -166,6 +166,6 @@ def _draftwise(
         return DraftwiseMethod(label, autoregressive(target), [timers[id(target)]])
     uses_draft = name in NEEDS_DRAFT_MODEL and draft is not None
     timed = [timers[id(target)], *([timers[id(draft)]] if uses_draft else [])]
-    drafter = build_drafter(cast(DrafterKind, name), draft, target.tokenizer)
+    drafter = build_drafter(cast(DrafterKind, name), draft, text_bridge(target.tokenizer, draft))
     engine = SpeculativeEngine.from_models(target, drafter, copy.deepcopy(profile))
     return DraftwiseMethod(label, engine, timed)

@@ -241,15 +241,13 @@ def _tokenizer_of(lm: LanguageModel, source: str) -> Tokenizer:
 
 def _engine(loaded: _Models, drafter: DrafterKind, remote: RemoteTarget | None) -> SpeculativeEngine:
     """The speculative engine: on the local target, or on a remote verifier."""
-    from draftwise.drafters import build_drafter
+    from draftwise.drafters import build_drafter, text_bridge
     from draftwise.engine import SpeculativeEngine
 
+    drafting = build_drafter(drafter, loaded.draft, text_bridge(loaded.tokenizer, loaded.draft))
     if remote is not None:
-        return SpeculativeEngine(
-            remote, build_drafter(drafter, loaded.draft, loaded.tokenizer), tokenizer=loaded.tokenizer
-        )
+        return SpeculativeEngine(remote, drafting, tokenizer=loaded.tokenizer)
     assert loaded.target is not None  # without a verifier, _load loaded the target here
-    drafting = build_drafter(drafter, loaded.draft, loaded.tokenizer)
     return SpeculativeEngine.from_models(loaded.target, drafting, loaded.profile)
 
 
