@@ -97,7 +97,7 @@ REGISTRY: dict[str, PackagedModel] = {
         ),
         PackagedModel(
             name="gemma3-270m",
-            title="Gemma 3 270M (base), GGUF Q4_K_M: another tokenizer, a cross-vocabulary draft",
+            title="Gemma 3 270M (base), GGUF Q4_K_M",
             role="draft",
             filename="gemma-3-270m-q4_k_m.gguf",
             slices=tuple(
