@@ -1,13 +1,18 @@
 """Chi-square helpers for the tests that check sampled tokens against an exact distribution
-(``test_sampling_stats.py`` on tiny models, ``test_llamacpp.py`` on a real one)."""
+(``test_sampling_stats.py`` and ``test_crossvocab.py`` on tiny models, ``test_llamacpp.py`` on a
+real one), and the end-to-end sampling of a generation's first two tokens they share."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import torch
 from scipy.stats import chisquare
+
+from draftwise import DraftConfig, GenerationConfig, SamplingConfig, SpeculativeEngine
+from draftwise.lm import LanguageModel
+from draftwise.verify import logits_to_probs
 
 # Strict enough that a correct rule passes deterministically with the tests' fixed seeds, loose
 # enough that a wrong rule is still caught.
@@ -42,3 +47,37 @@ def chi2_pvalue(counts: Counter, expected: dict[Hashable, float]) -> float:
 def as_dist(p: torch.Tensor) -> dict[int, float]:
     """A probability vector as {token: probability}, zeros left out."""
     return {i: float(v) for i, v in enumerate(p.double().tolist()) if v > 0}
+
+
+# --- end to end: the first two tokens of a generation ---------------------------------------------
+
+N_E2E = 600
+SAMPLING = {"temperature": 1.0, "top_k": 3}
+
+
+def next_probs(lm: LanguageModel, ids: Sequence[int]) -> torch.Tensor:  # [V]
+    lm.reset()
+    return logits_to_probs(lm.forward(ids, last=1), SAMPLING["temperature"], SAMPLING["top_k"])[0]
+
+
+def exact_pairs(lm: LanguageModel, prompt: list[int]) -> dict[tuple[int, int], float]:
+    """The exact distribution of the first two generated tokens (few pairs thanks to top_k)."""
+    first = next_probs(lm, prompt)
+    return {
+        (a, b): pa * pb for a, pa in as_dist(first).items() for b, pb in as_dist(next_probs(lm, prompt + [a])).items()
+    }
+
+
+def sample_pairs(engine: SpeculativeEngine, prompt: list[int], draft: DraftConfig) -> tuple[Counter, set[int]]:
+    """Counts of the first two generated tokens over N_E2E seeds, and the set of
+    ``n_accepted`` values seen in the first step (to check speculation really happened)."""
+    counts, outcomes = Counter(), set()
+    for seed in range(N_E2E):
+        config = GenerationConfig(
+            max_new_tokens=2, ignore_eos=True, draft=draft, sampling=SamplingConfig(**SAMPLING, seed=seed)
+        )
+        events = list(engine.stream(prompt, config))
+        counts[tuple(t for e in events for t in e.tokens)] += 1
+        assert len(events[0].proposed) == (1 if engine.drafter is not None else 0)
+        outcomes.add(events[0].n_accepted)
+    return counts, outcomes

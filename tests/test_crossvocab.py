@@ -22,9 +22,8 @@ from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.errors import IncompatibleModelsError
 from draftwise.retokenize import TextTokens, TokenText, added_text, lead_ids, proposal_ids, round_trip_loss
 from draftwise.tokenizer_compat import draft_mode
-from test_sampling_stats import exact_pairs, sample_pairs
 
-from stats_support import ALPHA, chi2_pvalue
+from stats_support import ALPHA, chi2_pvalue, exact_pairs, sample_pairs
 
 # Merges that make " the", " cat" and " sat" one token each, and " th" two (" t" "h").
 MERGES = [

@@ -6,25 +6,21 @@ threshold (so a correct rule passes deterministically and a wrong rule is caught
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 
 import pytest
 import torch
 
 from draftwise import (
     DraftConfig,
-    GenerationConfig,
     HybridDrafter,
     ModelDrafter,
     NGramDrafter,
-    SamplingConfig,
     SpeculativeEngine,
     autoregressive,
 )
-from draftwise.lm import LanguageModel
-from draftwise.verify import logits_to_probs, sample, verify_sampling
+from draftwise.verify import sample, verify_sampling
 
-from stats_support import ALPHA, as_dist, chi2_pvalue
+from stats_support import ALPHA, as_dist, chi2_pvalue, exact_pairs, next_probs, sample_pairs
 
 
 def test_sample_follows_the_distribution_and_skips_zeros():
@@ -107,37 +103,6 @@ def test_a_wrong_correction_rule_is_caught():
 
 
 # --- end to end on a tiny model -----------------------------------------------------------------
-
-N_E2E = 600
-SAMPLING = {"temperature": 1.0, "top_k": 3}
-
-
-def next_probs(lm: LanguageModel, ids: Sequence[int]) -> torch.Tensor:  # [V]
-    lm.reset()
-    return logits_to_probs(lm.forward(ids, last=1), SAMPLING["temperature"], SAMPLING["top_k"])[0]
-
-
-def exact_pairs(lm: LanguageModel, prompt: list[int]) -> dict[tuple[int, int], float]:
-    """The exact distribution of the first two generated tokens (few pairs thanks to top_k)."""
-    first = next_probs(lm, prompt)
-    return {
-        (a, b): pa * pb for a, pa in as_dist(first).items() for b, pb in as_dist(next_probs(lm, prompt + [a])).items()
-    }
-
-
-def sample_pairs(engine: SpeculativeEngine, prompt: list[int], draft: DraftConfig) -> tuple[Counter, set[int]]:
-    """Counts of the first two generated tokens over N_E2E seeds, and the set of
-    ``n_accepted`` values seen in the first step (to check speculation really happened)."""
-    counts, outcomes = Counter(), set()
-    for seed in range(N_E2E):
-        config = GenerationConfig(
-            max_new_tokens=2, ignore_eos=True, draft=draft, sampling=SamplingConfig(**SAMPLING, seed=seed)
-        )
-        events = list(engine.stream(prompt, config))
-        counts[tuple(t for e in events for t in e.tokens)] += 1
-        assert len(events[0].proposed) == (1 if engine.drafter is not None else 0)
-        outcomes.add(events[0].n_accepted)
-    return counts, outcomes
 
 
 @pytest.fixture(scope="module")
