@@ -56,13 +56,17 @@ def rows(target: str, threads: int) -> dict[str, Any]:
     return {"compared": len(CONTEXTS) * sum(BLOCKS), "differences": differences}
 
 
-def _generate(target: Any, draft: Any, drafter: str, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+def _generate(
+    target: Any, draft: Any, drafter: str, prompt: list[int], keep: bool = False
+) -> tuple[list[int], torch.Tensor]:
     """The greedy output, and the scores of its second-to-last token fed again alone over the
     cache the generation left: any cache entry written differently shows there, bit for bit,
-    even where the tokens agree."""
+    even where the tokens agree. ``keep``: reuse what the cache holds of the prompt's start."""
     config = GREEDY.model_copy(update={"draft": DraftConfig(k_policy="fixed", k=9)})
     chosen = None if drafter == "off" else build_drafter(drafter, draft)
     engine = SpeculativeEngine(LocalTarget(target), chosen, target.tokenizer)
+    if not keep:
+        target.reset()  # a prefill from scratch: nothing reused of an earlier prompt
     tokens = engine.generate(prompt, config if chosen else GREEDY).tokens
     sequence = prompt + tokens
     target.rollback(len(sequence) - 2)
@@ -100,6 +104,21 @@ def chunks(target: str, threads: int) -> dict[str, Any]:
         lm = _load(target, threads)
         outputs[batch] = _generate(lm, None, "off", _long_prompt(lm, 700))
     return {"compared": 2, "differences": [b for b in (64, 7) if not _same(outputs[b], outputs[512])]}
+
+
+def reuse(target: str, threads: int) -> dict[str, Any]:
+    """Prompts that start as the cache does (what a server's slot left, see ``prefill``): the
+    cached start reused, the rest fed after it, against each prompt prefilled from scratch."""
+    lm = _load(target, threads, slots=2)
+    other = lm.fork()  # a second sequence holding cells too, as in a server
+    other.forward(_long_prompt(lm, 300), last=1)
+    base = _long_prompt(lm, 700)
+    prompts = [base[:400], base[:650], base[:200] + base[500:700], base[:700]]
+    expected = [_generate(lm, None, "off", prompt) for prompt in prompts]
+    lm.reset()
+    reused = [_generate(lm, None, "off", prompt, keep=True) for prompt in prompts]
+    differences = [i for i in range(len(prompts)) if not _same(reused[i], expected[i])]
+    return {"compared": len(prompts), "differences": differences}
 
 
 def batched(target: str, draft: str, threads: int) -> dict[str, Any]:
@@ -160,6 +179,7 @@ def main() -> None:
         "speculative": lambda: speculative(target, draft, threads),
         "chunks": lambda: chunks(target, threads),
         "batched": lambda: batched(target, draft, threads),
+        "reuse": lambda: reuse(target, threads),
         "holes": lambda: holes(target, threads, ordered=True),
         "holes-unordered": lambda: holes(target, threads, ordered=False),
     }

@@ -314,6 +314,33 @@ def test_metrics_counters_move(tiny_target, tiny_near_draft):
         assert after[("draftwise_queue_depth", ())] == 0 and after[("draftwise_active_generations", ())] == 0
 
 
+def test_a_slot_reuses_the_prompt_start_it_holds(tiny_target):
+    """One worker: the second chat with the same system prompt prefills only what differs,
+    says so in its usage and /metrics, and answers as a fresh prefill does."""
+    system = {"role": "system", "content": "You answer in one short sentence about the sea."}
+
+    def chat(client, text, cache=True):
+        return client.chat.completions.create(
+            model=MODEL,
+            messages=[system, {"role": "user", "content": text}],
+            max_tokens=8,
+            temperature=0,
+            extra_body={"speculative": {"drafter": "off", "cache_prompt": cache}},
+        )
+
+    for url in _serve(tiny_target, slots=1):
+        client = _client(url)
+        first = chat(client, "hi")
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        second = chat(client, "tell me more")
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert 0 < cached < second.usage.prompt_tokens
+        assert _metrics(url)[("draftwise_prompt_tokens_cached_total", ())] == cached
+        fresh = chat(client, "tell me more", cache=False)
+        assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+        assert fresh.choices[0].message.content == second.choices[0].message.content
+
+
 def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
     """One worker, one waiting place: the third request is refused; closing the streams
     stops their generations early, which /metrics shows."""

@@ -19,6 +19,7 @@ from draftwise.backends.llamacpp_batch import Request, _plan, _Queue
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
+from draftwise.lm import common_prefix
 from draftwise.loading import load_lm
 from draftwise.target import LocalTarget
 
@@ -165,6 +166,26 @@ def test_a_long_prompt_is_fed_in_pieces_between_the_others_steps(alone, shared):
     reference = alone.forward(long_ids, last=2)
     assert torch.equal(reference.argmax(-1), result[0].argmax(-1))
     assert len(long.tokens) == 300
+
+
+@needs_model
+def test_a_prompt_that_starts_as_the_cache_does_feeds_only_the_rest(alone, shared):
+    lm = shared.fork()
+    first = lm.tokenizer.encode(PROMPTS[2])
+    second = first + lm.tokenizer.encode(" a fisherman who", add_special_tokens=False)
+    engine = SpeculativeEngine(LocalTarget(lm), None, lm.tokenizer)
+    engine.generate(first, GREEDY)
+    lm.rest()  # the generation ended; its cache stays
+    keep = common_prefix(lm.tokens, second[:-1])
+    assert keep >= len(first)  # (more where the first answer began as the second prompt goes on)
+    rows = shared.batcher.stats.rows
+    reused = engine.generate(second, GREEDY).tokens
+    # Fed: what the cache lacked of the second prompt (but its last token, fed with the first
+    # step), then one token a step.
+    assert shared.batcher.stats.rows - rows == len(second) - 1 - keep + GREEDY.max_new_tokens
+    alone.reset()
+    fresh = SpeculativeEngine(LocalTarget(alone), None, alone.tokenizer).generate(second, GREEDY).tokens
+    near_tie_or_equal(alone, second, fresh, reused)
 
 
 @needs_model

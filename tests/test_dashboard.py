@@ -182,6 +182,7 @@ def test_request_body_and_one_line_errors() -> None:
     assert body["speculative"] == {
         "drafter": "ngram",
         "provenance": True,
+        "cache_prompt": False,
         "k_policy": "fixed",
         "k": 3,
         "k_max": 12,

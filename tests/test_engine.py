@@ -26,7 +26,7 @@ from draftwise import (
 )
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.drafters import EMPTY_PROPOSAL
-from draftwise.lm import sync
+from draftwise.lm import prefill, sync
 from draftwise.policies import Offer
 from draftwise.stopping import TextStream
 from draftwise.target import LocalTarget, Verification
@@ -452,6 +452,31 @@ def test_sync_feeds_only_what_is_missing(tiny_target):
     tiny_target.forward([4])
     assert sync(tiny_target, [1, 2, 9, 4, 5]) == [9, 4, 5]
     assert tiny_target.tokens == [1, 2] and tiny_target.cache.length == 2
+
+
+def test_prefill_keeps_what_the_cache_holds_of_the_prompt(tiny_target):
+    fed: list[list[int]] = []
+    forward = tiny_target.forward
+
+    def counting(tokens, last=None):
+        fed.append(list(tokens))
+        return forward(tokens, last)
+
+    tiny_target.reset()
+    prefill(tiny_target, [1, 2, 3, 4, 5, 6])  # everything but the last token
+    tiny_target.forward = counting
+    try:
+        prefill(tiny_target, [1, 2, 3, 7, 8, 9])  # shares [1 2 3] with the cache
+        assert fed == [[7, 8]] and tiny_target.tokens == [1, 2, 3, 7, 8]
+        kept = tiny_target.forward([9], last=1)
+        prefill(tiny_target, [1, 2, 3, 7, 8, 9])  # the whole body is cached: nothing to feed
+        assert fed == [[7, 8], [9]] and tiny_target.tokens == [1, 2, 3, 7, 8]
+    finally:
+        del tiny_target.forward
+    tiny_target.reset()
+    prefill(tiny_target, [1, 2, 3, 7, 8, 9])
+    fresh = tiny_target.forward([9], last=1)
+    torch.testing.assert_close(kept, fresh)  # the kept start scores as a fresh prefill does
 
 
 # --- incremental detokenization ------------------------------------------------------------

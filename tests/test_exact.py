@@ -96,6 +96,12 @@ def test_output_does_not_depend_on_the_prefill_chunk_size(smol_q4_k, smol):
 
 @needs_smol_on_llama_cpp
 @needs_patched
+def test_a_reused_prompt_start_scores_as_a_fresh_prefill(smol_q4_k, smol):
+    assert _probe("reuse", smol_q4_k, smol) == {"compared": 4, "differences": []}
+
+
+@needs_smol_on_llama_cpp
+@needs_patched
 def test_batched_streams_give_what_each_gives_alone(smol_q4_k, smol):
     assert _probe("batched", smol_q4_k, smol) == {"compared": 4, "differences": []}
 

@@ -118,6 +118,11 @@ class LanguageModel(Protocol):
     def reset(self) -> None:
         """Forget everything (an empty sequence)."""
 
+    def rest(self) -> None:
+        """The sequence's generation ended. Its cache stays: a next prompt that starts the same
+        way reuses it (``prefill``). A backend that batches sequences stops waiting for its
+        passes."""
+
     def fork(self) -> LanguageModel:
         """A new, empty sequence with a KV cache of its own over the same weights (no second
         load); its tokenizer may be used from another thread."""
@@ -129,14 +134,31 @@ class LanguageModel(Protocol):
 PREFILL_CHUNK = 512
 
 
+def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many leading tokens ``cached`` and ``tokens`` share."""
+    n = min(len(cached), len(tokens))
+    if list(cached[:n]) == list(tokens[:n]):
+        return n
+    return next(i for i, (a, b) in enumerate(zip(cached, tokens)) if a != b)
+
+
 def prefill(lm: LanguageModel, prompt: Sequence[int], cancelled: Callable[[], bool] | None = None) -> None:
     """Start a new sequence: cache everything but the prompt's last token, which is fed with
-    the first block (its scores are what the first step needs). Fed in chunks of
-    ``PREFILL_CHUNK``; when ``cancelled()`` turns true between two, the rest is left out (the
-    caller, who asked, is abandoning the sequence)."""
-    lm.reset()
-    body = prompt[:-1]
-    for start in range(0, len(body), PREFILL_CHUNK):
+    the first block (its scores are what the first step needs).
+
+    What the cache already holds of the prompt's start is kept, not fed again: a server's
+    slot keeps its last request's tokens, so a shared system prompt or the earlier turns of
+    a chat cost nothing the second time. Call ``lm.reset()`` first for a prefill from
+    scratch. The rest is fed in chunks of ``PREFILL_CHUNK``; when ``cancelled()`` turns true
+    between two, the rest is left out (the caller, who asked, is abandoning the sequence).
+
+    Example: cached ``[5 8 2 9 4]``, prompt ``[5 8 2 7 1]``: keep ``[5 8 2]``, feed ``[7]``.
+    """
+    body = list(prompt[:-1])
+    keep = common_prefix(lm.tokens, body)
+    if keep < len(lm.tokens):
+        lm.rollback(keep)
+    for start in range(keep, len(body), PREFILL_CHUNK):
         if cancelled is not None and cancelled():
             return
         lm.forward(body[start : start + PREFILL_CHUNK], last=1)
@@ -149,11 +171,8 @@ def sync(lm: LanguageModel, context: Sequence[int]) -> list[int]:
 
     Example: cached ``[5 8 2 9]``, context ``[5 8 3 1]``: roll back to ``[5 8]``, feed ``[3 1]``.
     """
-    tokens = lm.tokens
-    keep = min(len(tokens), len(context) - 1)
-    if tokens[:keep] != list(context[:keep]):
-        keep = next(i for i, (a, b) in enumerate(zip(tokens, context)) if a != b)
-    if keep < len(tokens):
+    keep = common_prefix(lm.tokens, context[:-1])
+    if keep < len(lm.tokens):
         lm.rollback(keep)
     return list(context[keep:])
 

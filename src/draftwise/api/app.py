@@ -85,9 +85,10 @@ def _step(event: StepEvent, tokenizer: Tokenizer) -> s.StepInfo:
 class Transcript:
     """What a generation produced so far: text, statistics and (if asked) provenance."""
 
-    def __init__(self, request_plan: Plan, tokenizer: Tokenizer) -> None:
+    def __init__(self, request_plan: Plan, tokenizer: Tokenizer, job: Job) -> None:
         self.plan = request_plan
         self.tokenizer = tokenizer
+        self.job = job
         self.metrics = GenerationMetrics()
         self.text: list[str] = []
         self.provenance: list[s.TokenProvenance] = []
@@ -112,6 +113,7 @@ class Transcript:
             prompt_tokens=prompt,
             completion_tokens=self.metrics.new_tokens,
             total_tokens=prompt + self.metrics.new_tokens,
+            prompt_tokens_details=s.PromptTokensDetails(cached_tokens=self.job.cached_tokens),
         )
 
     def stats(self) -> dict[str, Any]:
@@ -322,8 +324,10 @@ class _Service:
                 headers={"Retry-After": str(self.settings.retry_after)},
             ) from exc
         self.metrics.prompt_tokens.inc(len(prompt))
-        events = self.pool.run(job, request_plan.prompt, request_plan.config, request_plan.drafter)
-        transcript = Transcript(request_plan, self.tokenizer)
+        events = self.pool.run(
+            job, request_plan.prompt, request_plan.config, request_plan.drafter, request_plan.cache_prompt
+        )
+        transcript = Transcript(request_plan, self.tokenizer, job)
         rid = f"{shape.id_prefix}-{uuid.uuid4().hex}"
         created = int(time.time())
         model = self.settings.served_model

@@ -32,6 +32,11 @@ class ServerMetrics:
         )
         self.rejected = Counter("draftwise_requests_rejected", "requests refused with 429 (queue full)", registry=r)
         self.prompt_tokens = Counter("draftwise_prompt_tokens", "prompt tokens of admitted requests", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "draftwise_prompt_tokens_cached",
+            "prompt tokens a worker's cache held from its last request, not prefilled again",
+            registry=r,
+        )
         self.tokens = Counter(
             "draftwise_generated_tokens",
             "tokens generated (including work a disconnected client never read)",

@@ -26,7 +26,7 @@ from draftwise.drafters import Drafter, build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine
 from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
-from draftwise.lm import LanguageModel, Tokenizer
+from draftwise.lm import LanguageModel, Tokenizer, common_prefix
 from draftwise.policies import CostProfile
 from draftwise.target import LocalTarget
 
@@ -65,9 +65,11 @@ class Worker:
     through: Tokenizer | None = None
 
     def rest(self) -> None:
-        """Forget the finished generation: its KV cache is free, and a backend that batches
-        sequences stops waiting for this one's passes."""
-        self.target.reset()
+        """The generation ended: a backend that batches sequences stops waiting for this
+        one's passes. The target keeps its cache, so the next request that starts the same
+        way (a system prompt, the earlier turns of a chat) skips that part of its prefill;
+        the draft model starts each request afresh anyway."""
+        self.target.rest()
         if self.draft is not None:
             self.draft.reset()
 
@@ -117,6 +119,7 @@ class Job:
         self.state = "queued"  # queued -> running -> done
         self.cancel_flag = threading.Event()
         self.cancel_reason: str | None = None
+        self.cached_tokens = 0  # prompt tokens its worker held already (not prefilled again)
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -184,9 +187,15 @@ class WorkerPool:
         self._update_gauges()
 
     async def run(
-        self, job: Job, prompt: Sequence[int], config: GenerationConfig, drafter: DrafterName
+        self,
+        job: Job,
+        prompt: Sequence[int],
+        config: GenerationConfig,
+        drafter: DrafterName,
+        cache_prompt: bool = True,
     ) -> AsyncIterator[StepEvent]:
-        """Wait for a worker, generate on it in a thread, and yield its step events."""
+        """Wait for a worker, generate on it in a thread, and yield its step events. With
+        ``cache_prompt``, the worker keeps what its target still holds of the prompt's start."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout - (time.perf_counter() - job.arrived)
         try:
@@ -210,6 +219,10 @@ class WorkerPool:
             except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
                 pass
 
+        if not cache_prompt:
+            worker.target.reset()
+        job.cached_tokens = common_prefix(worker.target.tokens, prompt[:-1])  # what prefill keeps
+        self.metrics.cached_prompt_tokens.inc(job.cached_tokens)
         future = loop.run_in_executor(self._executor, self._produce, job, worker, prompt, config, drafter, push)
         future.add_done_callback(lambda _: self._release(job, worker))
         try:

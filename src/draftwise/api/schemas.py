@@ -39,6 +39,11 @@ class _SpeculativeBase(_Request):
     provenance: bool = Field(
         False, description="add each token's origin (accepted draft, correction, bonus) and probabilities to the output"
     )
+    cache_prompt: bool = Field(
+        True,
+        description="reuse what the slot still holds of this prompt's start from its last request (a system "
+        "prompt, earlier chat turns); false: prefill the whole prompt, e.g. to compare two runs' timings",
+    )
 
 
 # Every DraftConfig knob, optional here: what a request leaves out comes from the server's defaults.
@@ -180,10 +185,15 @@ class ChatCompletionRequest(GenerationRequest):
 # ---- responses ------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(..., description="prompt tokens the slot held already, not prefilled again")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class RejectedDraft(BaseModel):

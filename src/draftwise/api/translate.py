@@ -27,6 +27,7 @@ class Plan:
     config: GenerationConfig
     drafter: DrafterName
     provenance: bool
+    cache_prompt: bool = True
 
 
 def encode_completion(
@@ -112,7 +113,8 @@ def plan(
     drafter: DrafterName = (options.drafter if options is not None else None) or settings.default_drafter
     if drafter in NEEDS_DRAFT_MODEL and not has_draft:
         raise invalid("this server has no draft model; use drafter 'ngram' or 'off'", param="speculative.drafter")
-    overrides = {} if options is None else options.model_dump(exclude={"drafter", "provenance"}, exclude_none=True)
+    not_knobs = {"drafter", "provenance", "cache_prompt"}
+    overrides = {} if options is None else options.model_dump(exclude=not_knobs, exclude_none=True)
     draft = _validated(DraftConfig, {**defaults.draft.model_dump(), **overrides}, ("speculative",))
     sampling = _validated(
         SamplingConfig,
@@ -135,4 +137,10 @@ def plan(
         },
         (),
     )
-    return Plan(prompt=prompt, config=config, drafter=drafter, provenance=options is not None and options.provenance)
+    return Plan(
+        prompt=prompt,
+        config=config,
+        drafter=drafter,
+        provenance=options is not None and options.provenance,
+        cache_prompt=options is None or options.cache_prompt,
+    )

@@ -145,6 +145,9 @@ class HFModel:
         self.cache.reset()
         self.tokens = []
 
+    def rest(self) -> None:
+        """Nothing to tell: this backend runs each sequence's passes alone."""
+
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], last: int | None = None) -> torch.Tensor:
         """Append ``tokens`` to the cache and return float32 scores ``[n, V]`` (on the CPU).

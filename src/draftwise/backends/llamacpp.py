@@ -232,6 +232,9 @@ class LlamaCppModel:
         self.tokens = []  # the cache is cut at the next pass's start (see Batcher.forward)
         self.batcher.rest(self.seq)
 
+    def rest(self) -> None:
+        self.batcher.rest(self.seq)
+
     def rollback(self, length: int) -> None:
         if length < 0 or length > len(self.tokens):
             raise ValueError(f"cannot roll back a sequence of length {len(self.tokens)} to {length}")

@@ -56,14 +56,21 @@ class RollbackTimer:
 
 
 class DraftwiseMethod:
-    """A ``SpeculativeEngine`` (with or without a drafter), consumed through ``stream``."""
+    """A ``SpeculativeEngine`` (with or without a drafter) over ``target``, consumed through
+    ``stream``."""
 
-    def __init__(self, name: str, engine: SpeculativeEngine, timers: Sequence[RollbackTimer]) -> None:
+    def __init__(
+        self, name: str, engine: SpeculativeEngine, target: LanguageModel, timers: Sequence[RollbackTimer]
+    ) -> None:
         self.name = name
         self.engine = engine
+        self.target = target
         self.timers = list(timers)
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Trace:
+        # Every run prefills its whole prompt, as a request alone does: the methods share the
+        # target, whose cache would otherwise hand the next method the prompt for free.
+        self.target.reset()
         for timer in self.timers:
             timer.seconds = 0.0
         metrics = GenerationMetrics()
@@ -163,9 +170,9 @@ def _draftwise(
 ) -> DraftwiseMethod:
     """draftwise's method ``name`` (the baseline or a drafter) with ``draft``, as ``label``."""
     if name == REFERENCE:
-        return DraftwiseMethod(label, autoregressive(target), [timers[id(target)]])
+        return DraftwiseMethod(label, autoregressive(target), target, [timers[id(target)]])
     uses_draft = name in NEEDS_DRAFT_MODEL and draft is not None
     timed = [timers[id(target)], *([timers[id(draft)]] if uses_draft else [])]
     drafter = build_drafter(cast(DrafterKind, name), draft, text_bridge(target.tokenizer, draft))
     engine = SpeculativeEngine.from_models(target, drafter, copy.deepcopy(profile))
-    return DraftwiseMethod(label, engine, timed)
+    return DraftwiseMethod(label, engine, target, timed)

@@ -408,7 +408,10 @@ def _generate(
     if not as_json:
         err.print(f"[bold]{label}[/]   {LEGEND}")
     result = _speculate(engine, ids, config, loaded.tokenizer, out, show=not as_json)
-    baseline = autoregressive(loaded.target).generate(ids, config) if compare and loaded.target else None
+    baseline = None
+    if compare and loaded.target:
+        loaded.target.reset()  # a prefill from scratch, as the run above had: no prompt left cached
+        baseline = autoregressive(loaded.target).generate(ids, config)
     here = loaded.target or loaded.draft  # None: n-gram drafting through a verifier runs no model here
     run = {
         "target": target,

@@ -85,7 +85,8 @@ class RunRequest:
 
     def body(self, model: str, drafter: str | None = None) -> dict[str, Any]:
         """The OpenAI-shaped streaming request, with provenance on; ``drafter`` overrides the
-        run's own (the side-by-side plain run uses ``off``)."""
+        run's own (the side-by-side plain run uses ``off``). Both runs prefill their whole
+        prompt: the run after the other must not find it cached, or their rates differ by it."""
         body: dict[str, Any] = {
             "model": model,
             "max_tokens": self.max_tokens,
@@ -94,6 +95,7 @@ class RunRequest:
             "speculative": {
                 "drafter": drafter or self.drafter,
                 "provenance": True,
+                "cache_prompt": False,
                 **self.draft.model_dump(include={"k_policy", "k", "k_max", "confidence_threshold"}),
             },
         }
