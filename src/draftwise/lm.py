@@ -171,7 +171,7 @@ def sync(lm: LanguageModel, context: Sequence[int]) -> list[int]:
 
     Example: cached ``[5 8 2 9]``, context ``[5 8 3 1]``: roll back to ``[5 8]``, feed ``[3 1]``.
     """
-    keep = common_prefix(lm.tokens, context[:-1])
+    keep = min(common_prefix(lm.tokens, context), len(context) - 1)
     if keep < len(lm.tokens):
         lm.rollback(keep)
     return list(context[keep:])

@@ -153,9 +153,15 @@ def load_draft(
     capped = options.model_copy(update={"context": options.context or target_lm.max_context})
     draft_lm = load_lm(draft, capped, draft=True, log=log, slots=slots)
     if target_lm.tokenizer is not None and draft_lm.tokenizer is not None:
-        if draft_mode(target_lm.tokenizer, draft_lm.tokenizer, target, draft) == "text":
-            log(
-                f"draft {draft} speaks another vocabulary than {target}: it drafts through text, re-encoded in "
-                f"{target}'s tokens"
-            )
+        check_draft(target_lm.tokenizer, draft_lm.tokenizer, target, draft, log)
     return draft_lm
+
+
+def check_draft(target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer, target: str, draft: str, log: Log) -> None:
+    """Refuse a draft that cannot write the target's text (``IncompatibleModelsError``), and
+    say so in ``log`` when it drafts through text."""
+    if draft_mode(target_tokenizer, draft_tokenizer, target, draft) == "text":
+        log(
+            f"draft {draft} speaks another vocabulary than {target}: it drafts through text, re-encoded in "
+            f"{target}'s tokens"
+        )

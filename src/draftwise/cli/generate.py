@@ -177,8 +177,7 @@ def _load_for_remote(
     """What runs here when a verifier runs the target: the draft model, which also supplies the
     tokenizer when it speaks the target's; else (n-gram drafting, or a draft of another
     vocabulary, which drafts through text) the tokenizer of ``target`` is loaded too."""
-    from draftwise.loading import load_lm
-    from draftwise.tokenizer_compat import draft_mode
+    from draftwise.loading import check_draft, load_lm
 
     if draft is None:
         return _Models(None, None, _remote_target_tokenizer(target, remote, models, console, "n-gram drafting"))
@@ -188,8 +187,7 @@ def _load_for_remote(
     if remote.speaks(draft_tokenizer):
         return _Models(None, draft_lm, draft_tokenizer)
     tokenizer = _remote_target_tokenizer(target, remote, models, console, f"draft {draft}, of another vocabulary,")
-    draft_mode(tokenizer, draft_tokenizer, target, draft)  # refuses a draft that cannot write the target's text
-    console.print(f"draft {draft} speaks another vocabulary than {target}: it drafts through text")
+    check_draft(tokenizer, draft_tokenizer, target, draft, console.print)
     return _Models(None, draft_lm, tokenizer)
 
 

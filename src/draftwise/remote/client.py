@@ -147,11 +147,11 @@ class RemoteTarget:
 
     def check_tokenizer(self, tokenizer: Tokenizer | None, whose: str = "the draft's") -> None:
         """Refuse a verifier whose tokenizer maps tokens to other ids than ``tokenizer`` does."""
-        mine, theirs = tokenizer_fingerprint(tokenizer), self.info.tokenizer_fingerprint
-        if mine != theirs:
+        if not self.speaks(tokenizer):
             raise RemoteVerifierError(
                 f"the verifier at {self.url} serves {self.info.model!r}, whose tokenizer differs from {whose} "
-                f"(fingerprint {theirs} vs {mine}); drafter and target must share one tokenizer"
+                f"(fingerprint {self.info.tokenizer_fingerprint} vs {tokenizer_fingerprint(tokenizer)}); drafter "
+                "and target must share one tokenizer"
             )
 
     def close(self) -> None:
