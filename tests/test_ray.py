@@ -131,12 +131,19 @@ REQUESTS = [
 
 
 def _answer(body: dict[str, Any]) -> dict[str, Any]:
-    """What a response says about the generation, without ids, timestamps and timings."""
+    """What a response says about the generation, without ids, timestamps, timings and cache hits.
+
+    How much of a prompt a replica finds cached depends on what that replica served last, and
+    Serve picks the replica; the generation itself must not depend on it.
+    """
     choice = body["choices"][0]
+    usage = dict(body["usage"])
+    cached = usage.pop("prompt_tokens_details")["cached_tokens"]
+    assert 0 <= cached < usage["prompt_tokens"]
     return {
         "text": choice.get("text", choice.get("message")),
         "finish": choice["finish_reason"],
-        "usage": body["usage"],
+        "usage": usage,
         "tokens": [t["id"] for t in body.get("provenance") or []],
         "sources": [t["source"] for t in body.get("provenance") or []],
     }
