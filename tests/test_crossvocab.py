@@ -20,7 +20,15 @@ from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
 from draftwise.drafters import CrossVocabDrafter, HybridDrafter, ModelDrafter, build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.errors import IncompatibleModelsError
-from draftwise.retokenize import TextTokens, TokenText, added_text, lead_ids, proposal_ids, round_trip_loss
+from draftwise.retokenize import (
+    TextTokens,
+    TokenText,
+    added_text,
+    lead_ids,
+    proposal_ids,
+    round_trip_loss,
+    settled,
+)
 from draftwise.tokenizer_compat import draft_mode
 
 from stats_support import ALPHA, chi2_pvalue, exact_pairs, sample_pairs
@@ -147,6 +155,24 @@ def test_a_committed_half_character_is_written_by_the_proposal():
     assert proposal_ids(tokenizer, ids, read, "é!") == tokenizer.encode("é!")[1:]
 
 
+@pytest.mark.parametrize(
+    ("text", "k", "expected"),
+    [
+        (" the cat", 1, True),  # " cat" starts a new word: " the" stays
+        (" the cat", 2, False),  # nothing follows " cat": it may grow (" cats")
+        (" the ca", 1, True),
+        (" th", 1, False),  # " t" "h": the word goes on, " t" may become " the"
+        ("cat.", 2, True),  # "c" "at" ".": punctuation after a letter ends the word
+        ("cat.", 1, False),  # "c" "at": inside a word
+        ("\n\n", 1, False),  # white space after white space may merge
+        (" the", 0, False),
+    ],
+)
+def test_a_draft_is_settled_where_its_kth_token_ends_a_word(merged, text, k, expected):
+    ids = merged.encode(text, add_special_tokens=False)
+    assert settled(merged, ids, k) is expected
+
+
 # --- which drafts are accepted --------------------------------------------------------------
 
 
@@ -271,6 +297,35 @@ def test_the_drafts_cache_follows_the_accepted_text(target, drafts):
     # After the last verdict, what the draft holds is a prefix of the generated text's ids.
     assert draft.tokens == drafter.draft_ids.ids[: len(draft.tokens)]
     assert draft.tokenizer.decode(drafter.draft_ids.ids) == drafter.read.text
+
+
+def test_a_draft_stops_at_the_first_token_that_settles_its_block(target, baseline, drafts, monkeypatch):
+    # The target's own model in other ids writes the target's text, a character a token in
+    # both vocabularies: the block of k ends at the first draft token after which the k-th
+    # target token starts a word, or at the allowance of k + 2.
+    draft = drafts["same-words"]
+    drafter = CrossVocabDrafter(draft, target.tokenizer)
+    prompt = target.tokenizer.encode(PROMPT)
+    calls: list[int] = []
+    forward = draft.forward
+
+    def counted(tokens, last=None):
+        calls.append(len(tokens))
+        return forward(tokens, last=last)
+
+    monkeypatch.setattr(draft, "forward", counted)
+    drafter.start(prompt, config(confidence_threshold=0.0), None)
+    drafter.propose(prompt, 1)  # the prompt's catch-up, a pass of its own
+    early = 0
+    for at in range(len(baseline) - 6):
+        context, rest = prompt + baseline[:at], baseline[at:]
+        for k in (1, 2, 3):
+            calls.clear()
+            assert drafter.propose(context, k).tokens.tolist() == rest[:k]
+            first = next((d for d in range(1, k + 3) if settled(target.tokenizer, rest[:d], k)), k + 2)
+            assert len(calls) == first
+            early += first < k + 2
+    assert early  # some blocks stopped before their allowance
 
 
 def test_a_draft_whose_context_is_full_stops_drafting(target, drafts):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -19,7 +19,7 @@ import torch
 from draftwise.config import DrafterKind, GenerationConfig, SamplingConfig
 from draftwise.lm import LanguageModel, Tokenizer, sync
 from draftwise.policies import Offer
-from draftwise.retokenize import TextTokens, TokenText, added_text, proposal_ids
+from draftwise.retokenize import TextTokens, TokenText, added_text, proposal_ids, settled
 from draftwise.tokenizer_compat import shares_vocabulary
 from draftwise.verify import Verdict, logits_to_probs, sample
 
@@ -118,6 +118,11 @@ class ModelDrafter:
         return feed[-1:], time.perf_counter() - started, len(feed) - 1
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+        return self.draft(context, k)
+
+    def draft(self, context: Sequence[int], k: int, enough: Callable[[list[int]], bool] | None = None) -> Proposal:
+        """Up to ``k`` draft tokens after ``context``; ``enough`` may end the block sooner: it
+        sees the tokens drafted so far after each one."""
         k = min(k, self.room(len(context)))
         if k <= 0:
             return EMPTY_PROPOSAL
@@ -137,7 +142,7 @@ class ModelDrafter:
             token = int(logits[0].argmax()) if sampling.greedy else sample(q, self._generator)
             tokens.append(token)
             rows.append(q)
-            if threshold > 0 and float(q.max()) < threshold:
+            if (threshold > 0 and float(q.max()) < threshold) or (enough is not None and enough(tokens)):
                 break
             feed = [token]
         return Proposal(
@@ -229,11 +234,11 @@ class CrossVocabDrafter:
     the draft model continues that (greedily: its best guess), and its text is encoded in
     the target's vocabulary together with the last committed tokens (``proposal_ids``), so
     the boundary with the context reads as the target's tokenizer writes it. The draft
-    writes a little more text than ``k`` target tokens need, so the last one proposed is
-    followed by more text and is a whole token (``" weather"``, not the ``" weat"`` of a text
-    that stopped inside the word). The proposal carries no probabilities, so it is verified as
-    a point mass (as n-gram lookup is): greedy output stays the target's, sampled output
-    follows the target's distribution.
+    writes until the ``k``-th target token is followed by the start of another word
+    (``settled``), so the last one proposed is a whole token (``" weather"``, not the
+    ``" weat"`` of a text that stopped inside the word), and no further. The proposal
+    carries no probabilities, so it is verified as a point mass (as n-gram lookup is):
+    greedy output stays the target's, sampled output follows the target's distribution.
 
     The draft model's cache follows the accepted text: ``sync`` rolls it back to the longest
     common prefix of what it holds and the re-encoded text, and only the rest is fed.
@@ -276,21 +281,32 @@ class CrossVocabDrafter:
         return (Offer(MODEL, behind=max(0, len(self.draft_ids.ids) - 1 - len(self.lm.tokens))),)
 
     def _steps(self, k: int) -> int:
-        """Draft tokens for ``k`` target tokens and one more, as the two vocabularies have
-        measured each other on the context so far."""
+        """The most draft tokens a block of ``k`` target tokens may take: those of ``k + 2``
+        target tokens, as the two vocabularies have measured each other on the context so
+        far (drafting stops sooner once ``k`` whole target tokens are written)."""
         if not self.draft_ids.ids:  # nothing to continue yet (a prompt of half a character)
             return 0
         ratio = min(3.0, max(0.5, len(self.draft_ids.ids) / max(1, self.read.clean)))
-        return min(self.model.room(len(self.draft_ids.ids)), math.ceil((k + 1) * ratio))
+        return min(self.model.room(len(self.draft_ids.ids)), math.ceil((k + 2) * ratio))
+
+    def _target_ids(self, context: Sequence[int], drafted: list[int]) -> list[int]:
+        """The target's ids for the text of ``drafted``, written after ``context``."""
+        text = self._text_of(drafted)
+        return proposal_ids(self.target_tokenizer, context, self.read, text, self.LOOKBEHIND) if text else []
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
         self._follow(context)
         steps = self._steps(k) if k > 0 else 0
         if steps <= 0:
             return EMPTY_PROPOSAL
-        drafted = self.model.propose(self.draft_ids.ids, steps)
-        text = self._text_of(drafted.tokens.tolist())
-        ids = proposal_ids(self.target_tokenizer, context, self.read, text, self.LOOKBEHIND) if text else []
+
+        def enough(drafted: list[int]) -> bool:
+            # k whole target tokens are written, or the draft's text has ended.
+            ids = self._target_ids(context, drafted)
+            return drafted[-1] in self._ends or settled(self.target_tokenizer, ids, k)
+
+        drafted = self.model.draft(self.draft_ids.ids, steps, enough)
+        ids = self._target_ids(context, drafted.tokens.tolist())
         return Proposal(
             tokens=torch.tensor(ids[:k], dtype=torch.long),
             source=MODEL,

@@ -158,6 +158,26 @@ class TextTokens:
         self.text = text
 
 
+def settled(tokenizer: Tokenizer, ids: Sequence[int], k: int) -> bool:
+    """Whether the first ``k`` of ``ids`` (a drafted text's encoding) stay as they are
+    whatever text follows: the next id starts a new word (a space after a non-space, or
+    punctuation after a letter or digit), where tokenizers split their text before merging.
+
+    Example, ``k = 1``: ``" the" " ca"`` is settled (``" the"`` stays, however ``" ca"``
+    goes on); ``" wea" "th"`` is not (``" weather"`` may be one token).
+    """
+    if len(ids) <= k or k <= 0:
+        return False
+    before = tokenizer.decode(list(ids[max(0, k - TokenText.ANCHOR) : k]))
+    after = added_text(tokenizer, ids[max(0, k - TokenText.ANCHOR) : k], ids[k : k + 1], whole=False) or ""
+    last, first = before[-1:], after[:1]
+    if not last or not first:
+        return False
+    new_word = first.isspace() and not last.isspace()
+    punctuation = last.isalnum() and not (first.isalnum() or first.isspace())
+    return new_word or punctuation
+
+
 def proposal_ids(
     tokenizer: Tokenizer, context: Sequence[int], read: TokenText, text: str, lookbehind: int = 4
 ) -> list[int]:
