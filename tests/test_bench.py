@@ -72,6 +72,26 @@ def test_report_files_exist_and_parse(finished) -> None:
         assert f"]({name})" in report
 
 
+def test_draft_cost_is_drafting_time_per_draft_token_in_plain_passes(finished) -> None:
+    _, records, summary, report = finished
+    overall = summary["groups"][OVERALL]
+    plain = [s for r in records if r["method"] == "baseline" for s in r["steps"]["verify_s"]]
+    checked = 0
+    for method in DRAFTWISE:
+        mine = [r["steps"] for r in records if r["method"] == method]
+        proposed = sum(sum(s["proposed"]) for s in mine)
+        if method == "baseline" or not proposed:
+            continue
+        per_token = sum(sum(s["draft_s"]) for s in mine) / proposed
+        assert overall[method]["cost_ratio"] == pytest.approx(per_token / (sum(plain) / len(plain)))
+        row = next(line for line in report.splitlines() if line.startswith(f"| {method} | "))
+        header = next(line for line in report.splitlines() if line.startswith("| method | prompts"))
+        column = [c.strip() for c in header.split("|")].index("draft cost")
+        assert row.split("|")[column].strip() == f"{overall[method]['cost_ratio']:.2f}"
+        checked += 1
+    assert checked  # the model drafter proposed tokens
+
+
 def test_record_numbers_are_consistent(finished) -> None:
     _, records, _, _ = finished
     for r in records:

@@ -96,8 +96,8 @@ def _decoding_line(config: BenchConfig) -> str:
 def _overall_table(stats: dict[str, dict[str, Any]], methods: Sequence[str], greedy: bool) -> list[str]:
     head = (
         "| method | prompts | tokens/s | speedup | decode tokens/s | decode speedup | predicted "
-        "| measured/predicted | TTFT s | latency p50 ms | latency p95 ms | acceptance | mean accepted length "
-        "| passes/token | identical to baseline | PPL |"
+        "| measured/predicted | TTFT s | latency p50 ms | latency p95 ms | acceptance | draft cost "
+        "| mean accepted length | passes/token | identical to baseline | PPL |"
     )
     columns = head.count("|") - 1
     lines = [head, "|" + "---|" * columns]
@@ -117,6 +117,7 @@ def _overall_table(stats: dict[str, dict[str, Any]], methods: Sequence[str], gre
             f"| {_fmt(s.get('predicted_speedup'), '.2f', 'x')} | {_fmt(s.get('efficiency'), '.2f')} "
             f"| {_fmt(s['ttft_seconds'], '.3f')} | {_fmt(s['latency_p50_ms'], '.1f')} "
             f"| {_fmt(s['latency_p95_ms'], '.1f')} | {_fmt(s.get('acceptance_rate'), '.2f')} "
+            f"| {_fmt(s.get('cost_ratio'), '.2f')} "
             f"| {_fmt(s['mean_accepted_length'], '.2f')} | {_fmt(s['passes_per_token'], '.2f')} "
             f"| {identical} | {_fmt(s['perplexity'], '.2f')} |"
         )
@@ -250,7 +251,9 @@ _DEFINITIONS = [
     "- TTFT: time to the first delivered token (prefill + first step). Per-token latency: time between "
     "deliveries divided by the tokens delivered, pooled over all tokens after the first delivery.",
     "- acceptance: accepted / proposed draft tokens (draftwise methods only: the anchors do not "
-    "report proposals). Mean accepted length: tokens per target pass. passes/token: its inverse.",
+    "report proposals). Draft cost: drafting time per proposed draft token, in plain target passes "
+    "(`baseline`'s mean pass), the c below. Mean accepted length: tokens per target pass. passes/token: "
+    "its inverse.",
     "- n/a where a method does not expose a number: `llamacpp-spec` (a separate process) reports only its "
     "total encode + decode time, so its TTFT, latency, tokens per pass and decode-phase rates are unknown.",
     "- predicted: Leviathan et al.'s expected speedup from alpha = accepted / (accepted + rejections) and "
