@@ -15,6 +15,7 @@ import httpx
 
 from draftwise.config import SamplingConfig
 from draftwise.errors import TargetError
+from draftwise.lm import common_prefix
 from draftwise.remote.protocol import PROTOCOL_VERSION, OpenSession, ServerInfo, SessionOpened, encode_verify_request
 from draftwise.remote.settings import API_KEY_ENV, ClientSettings
 
@@ -50,13 +51,6 @@ class RemoteVerifierError(TargetError, RuntimeError):
         super().__init__(message)
         self.reply_status = reply_status
         self.unavailable = unavailable
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n
-    return next(i for i in range(n) if a[i] != b[i])
 
 
 class VerifierConnection:
@@ -205,7 +199,7 @@ class VerifierSession:
         self, context: Sequence[int], tokens: list[int], q_ids: Any, q_probs: Any
     ) -> tuple[httpx.Response, bytes, float]:
         """One verify on the current session: (response, body sent, round-trip seconds)."""
-        keep = _common_prefix(self.server_context, context)
+        keep = common_prefix(self.server_context, context)
         body = encode_verify_request(keep, list(context[keep:]), tokens, q_ids, q_probs)
         sent = time.perf_counter()
         response = self.connection.session_call(
