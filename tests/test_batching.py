@@ -19,7 +19,7 @@ from draftwise.backends.llamacpp_batch import Request, _plan, _Queue
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
-from draftwise.lm import common_prefix
+from draftwise.lm import cached_start
 from draftwise.loading import load_lm
 from draftwise.target import LocalTarget
 
@@ -176,7 +176,7 @@ def test_a_prompt_that_starts_as_the_cache_does_feeds_only_the_rest(alone, share
     engine = SpeculativeEngine(LocalTarget(lm), None, lm.tokenizer)
     engine.generate(first, GREEDY)
     lm.rest()  # the generation ended; its cache stays
-    keep = common_prefix(lm.tokens, second[:-1])
+    keep = cached_start(lm, second)
     assert keep >= len(first)  # (more where the first answer began as the second prompt goes on)
     rows = shared.batcher.stats.rows
     reused = engine.generate(second, GREEDY).tokens

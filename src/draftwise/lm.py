@@ -142,6 +142,12 @@ def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
     return next(i for i, (a, b) in enumerate(zip(cached, tokens)) if a != b)
 
 
+def cached_start(lm: LanguageModel, prompt: Sequence[int]) -> int:
+    """How many of ``prompt``'s tokens ``prefill`` keeps from what ``lm`` holds: their common
+    start, short of the prompt's last token (which is always fed)."""
+    return common_prefix(lm.tokens, prompt[:-1])
+
+
 def prefill(lm: LanguageModel, prompt: Sequence[int], cancelled: Callable[[], bool] | None = None) -> None:
     """Start a new sequence: cache everything but the prompt's last token, which is fed with
     the first block (its scores are what the first step needs).
@@ -155,7 +161,7 @@ def prefill(lm: LanguageModel, prompt: Sequence[int], cancelled: Callable[[], bo
     Example: cached ``[5 8 2 9 4]``, prompt ``[5 8 2 7 1]``: keep ``[5 8 2]``, feed ``[7]``.
     """
     body = list(prompt[:-1])
-    keep = common_prefix(lm.tokens, body)
+    keep = cached_start(lm, prompt)
     if keep < len(lm.tokens):
         lm.rollback(keep)
     for start in range(keep, len(body), PREFILL_CHUNK):

@@ -26,7 +26,7 @@ from draftwise.drafters import Drafter, build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine
 from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
-from draftwise.lm import LanguageModel, Tokenizer, common_prefix
+from draftwise.lm import LanguageModel, Tokenizer, cached_start
 from draftwise.policies import CostProfile
 from draftwise.target import LocalTarget
 
@@ -221,7 +221,7 @@ class WorkerPool:
 
         if not cache_prompt:
             worker.target.reset()
-        job.cached_tokens = common_prefix(worker.target.tokens, prompt[:-1])  # what prefill keeps
+        job.cached_tokens = cached_start(worker.target, prompt)
         self.metrics.cached_prompt_tokens.inc(job.cached_tokens)
         future = loop.run_in_executor(self._executor, self._produce, job, worker, prompt, config, drafter, push)
         future.add_done_callback(lambda _: self._release(job, worker))
