@@ -427,3 +427,62 @@ def test_engine_failure_is_reported_not_hidden(tiny_target, monkeypatch):
         assert _metrics(url)[("draftwise_generations_total", (("finish_reason", "error"),))] == 2
         again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0)
         assert again.usage.completion_tokens == 5
+
+
+# --- Predicted Outputs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prediction_drafts_and_usage_counts_it(client, baseline, stream):
+    """The output stays the plain target's; the usage says how many of the prediction's
+    tokens were used and how many were thrown away, as the drafting statistics count them."""
+    expected = baseline(PROMPT, 40)
+    prediction = PROMPT + " there was a prediction that the model may or may not follow."
+    response = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=40,
+        temperature=0,
+        stream=stream,
+        stream_options={"include_usage": True} if stream else None,
+        extra_body={
+            "prediction": {"type": "content", "content": [{"type": "text", "text": prediction}]},
+            "speculative": {"drafter": "off", "k_policy": "fixed", "k": 4},
+        },
+    )
+    if stream:
+        chunks = list(response)
+        text, usage = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage
+    else:
+        text, usage = response.choices[0].text, response.usage
+    assert text == expected.text
+    details = usage.completion_tokens_details
+    drafted = details.accepted_prediction_tokens + details.rejected_prediction_tokens
+    assert drafted >= 4  # fixed k: the first step drafts from the prediction
+    if not stream:
+        stats = response.model_extra["speculative"]
+        assert drafted == stats["proposed_by_source"]["prediction"]
+        assert details.accepted_prediction_tokens == stats["kept_by_source"]["prediction"]
+
+
+def test_usage_has_no_prediction_details_without_a_prediction(client):
+    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert response.usage.completion_tokens_details is None
+
+
+@pytest.mark.parametrize(
+    ("prediction", "message"),
+    [
+        ({"type": "content", "content": "x" * 20_000}, "the prediction holds"),
+        ({"type": "text", "content": "x"}, "prediction.type"),
+        ({"content": "x"}, "prediction.type"),
+        ("def f(): pass", "prediction"),
+    ],
+)
+def test_a_bad_prediction_is_a_400_naming_it(server, prediction, message):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "prediction": prediction}
+    answer = httpx.post(f"{server}/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert message in error["message"] or message in (error.get("param") or "")
+    assert "prediction" in (error.get("param") or error["message"])

@@ -335,3 +335,29 @@ def test_cli_errors_are_one_line() -> None:
     assert missing.exit_code == 1
     assert "error: the local API server stopped: error:" in missing.output and "no-such-model" in missing.output
     assert "Traceback" not in missing.output
+
+
+def test_prediction_tokens_show_in_their_own_colour():
+    run = LiveRun(drafter="ngram")
+    for source in ("prediction", "ngram"):
+        run.add_chunk(
+            {
+                "choices": [{"text": "ab"}],
+                "provenance": [{"id": 1, "text": "a", "source": "accepted"}, {"id": 2, "text": "b", "source": "bonus"}],
+                "step": {"index": len(run.steps), "k": 1, "source": source, "proposed": [{"id": 1}], "n_accepted": 1},
+            },
+            0.1,
+        )
+    page = tokens_html(run)
+    assert page.count('class="dw-tok dw-predicted"') == 1  # the prediction's accepted token
+    assert page.count('class="dw-tok dw-accepted"') == 1  # the n-gram's
+    assert "drafted by prediction" in page and "dw-predicted" in legend_html()
+
+
+def test_the_plain_side_by_side_run_leaves_the_prediction_out():
+    request = RunRequest.build(
+        prompt="p", chat=False, drafter="ngram", k_policy="cost", k=5, k_max=12, confidence_threshold=0.6,
+        temperature=0.0, seed=None, max_tokens=8, prediction="expected text",
+    )  # fmt: skip
+    assert request.body("m")["prediction"] == {"type": "content", "content": "expected text"}
+    assert "prediction" not in request.body("m", drafter="off")

@@ -29,8 +29,8 @@ from draftwise.drafters import EMPTY_PROPOSAL
 from draftwise.lm import prefill, sync
 from draftwise.policies import Offer
 from draftwise.stopping import TextStream
-from draftwise.target import LocalTarget, Verification
-from draftwise.verify import verify_greedy
+from draftwise.target import LocalTarget
+from scripted_support import ScriptedTarget
 
 PROMPT = "The cat sat on the mat. The cat sat on the"
 N = 40
@@ -198,29 +198,6 @@ def test_streamed_text_reassembles_to_the_full_decode(tiny_target, tiny_random_d
 
 
 # --- a scripted target: the loop's stop logic, without model numerics -------------------------
-
-
-class ScriptedTarget:
-    """A target whose greedy continuation is a fixed script (then EOS forever)."""
-
-    def __init__(self, script: Sequence[int], eos: int = 256) -> None:
-        self.script = list(script)
-        self.eos_token_ids = (eos,)
-        self._prompt_len = 0
-
-    def start(self, prompt, config, generator, cancelled=None) -> None:
-        self._prompt_len = len(prompt)
-
-    def verify(self, context, proposal: Proposal) -> Verification:
-        done = len(context) - self._prompt_len
-        wanted = (self.script[done:] + [self.eos_token_ids[0]] * (len(proposal) + 1))[: len(proposal) + 1]
-        logits = torch.full((len(wanted), 257), -10.0)
-        logits[torch.arange(len(wanted)), torch.tensor(wanted)] = 10.0
-        verdict = verify_greedy(proposal.tokens, logits)
-        return Verification(verdict=verdict, target_token_probs=[1.0] * len(proposal))
-
-    def finish(self) -> None:
-        pass
 
 
 class OracleDrafter:

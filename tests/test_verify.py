@@ -285,3 +285,14 @@ def test_probs_top_p_over_a_large_vocabulary(nucleus):
     assert int((out > 0).sum()) == nucleus
     expected = full[kept] / full[kept].sum()
     torch.testing.assert_close(out[kept].double(), expected, atol=1e-6, rtol=1e-4)
+
+
+def test_row_reductions_agree_with_torch():
+    from draftwise.verify import row_argmax, row_logsumexp
+
+    rows = torch.randn(6, 5000, generator=torch.Generator().manual_seed(3)) * 4
+    rows[2, 10] = rows[2, 4000] = rows[2].max() + 1.0  # a tie: the first index wins, as torch says
+    assert row_argmax(rows).tolist() == rows.argmax(-1).tolist()
+    assert row_argmax(rows)[2] == 10
+    assert torch.allclose(row_logsumexp(rows), torch.logsumexp(rows, -1), atol=1e-5)
+    assert row_logsumexp(rows[:0]).shape == (0,)

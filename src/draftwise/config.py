@@ -126,6 +126,13 @@ class DraftConfig(_Strict):
     )
     k: int = Field(5, ge=0, le=64, description="draft length (fixed) or starting length (heuristic)")
     k_max: int = Field(12, ge=1, le=64, description="largest draft length the adaptive policies may use")
+    k_long: int = Field(
+        48,
+        ge=1,
+        le=64,
+        description="cost policy: largest block of a grounded source (a prediction, a long n-gram match), "
+        "reached only after the source was right as many tokens in a row as half the block; below k_max, k_max",
+    )
     confidence_threshold: float = Field(
         0.6,
         ge=0.0,
@@ -164,6 +171,11 @@ class GenerationConfig(_Strict):
     ignore_eos: bool = Field(False, description="keep generating through EOS tokens")
     sampling: SamplingConfig = SamplingConfig()
     draft: DraftConfig = DraftConfig()
+    prediction: str | None = Field(
+        None,
+        description="the expected output, or most of it (OpenAI's Predicted Outputs: a file sent back with an "
+        "edit); drafted from wherever the output follows it, verified like any draft",
+    )
 
     @model_validator(mode="after")
     def _check_stops(self) -> GenerationConfig:

@@ -111,11 +111,13 @@ class CostCache:
 BATCHED_SIZES = (16, 20, 24, 32, 48, 64)
 
 
-def pass_sizes(k_max: int, slots: int) -> list[int]:
-    """Rows to time a target pass at: every block size a stream may verify, and with
-    ``slots`` streams batched, a few sizes up to what they fill together (64 at most)."""
-    rows = min(64, slots * (k_max + 1)) if slots > 1 else k_max + 1
-    return sorted({*range(1, k_max + 2), *(n for n in BATCHED_SIZES if n <= rows)})
+def pass_sizes(k_max: int, slots: int, k_long: int = 0) -> list[int]:
+    """Rows to time a target pass at: every block size up to ``k_max``, a few sizes up to a
+    grounded source's longest block (``k_long``), and with ``slots`` streams batched, up to
+    what they fill together (64 at most)."""
+    longest = max(k_max, k_long) + 1
+    rows = max(longest, min(64, slots * (k_max + 1)) if slots > 1 else 0)
+    return sorted({*range(1, k_max + 2), *(n for n in BATCHED_SIZES if n <= rows), longest})
 
 
 def calibrate(
@@ -125,16 +127,17 @@ def calibrate(
     log: Callable[[str], None] | None = None,
     cache: CostCache | None = None,
     slots: int = 1,
+    k_long: int = 0,
 ) -> CostProfile:
     """A ``CostProfile`` holding the target's pass times for blocks of 1 to ``k_max + 1``
-    tokens (and larger passes where ``slots`` streams share them, see ``pass_sizes``) and,
-    with a draft model, its per-token and catch-up costs; measured here, or read from the
-    cache when this model ran on this CPU before."""
+    tokens, of a few sizes up to ``k_long + 1`` (and larger passes where ``slots`` streams
+    share them, see ``pass_sizes``) and, with a draft model, its per-token and catch-up
+    costs; measured here, or read from the cache when this model ran on this CPU before."""
     log = log or (lambda message: None)
     cache = cache or CostCache()
     profile = CostProfile()
-    sizes = pass_sizes(k_max, slots)
-    key = cache.key(target, f"passes {','.join(map(str, sizes))}" if slots > 1 else f"passes 1-{k_max + 1}")
+    sizes = pass_sizes(k_max, slots, k_long)
+    key = cache.key(target, f"passes {','.join(map(str, sizes))}")
     passes = cache.get(key)
     if passes is None:
         log(f"timing {target.name}'s passes over 1 to {sizes[-1]} tokens (once on this machine; cached)")

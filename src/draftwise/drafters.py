@@ -171,6 +171,8 @@ class NGramDrafter:
     position 1, followed by ``c x a ...``, so ``[c, x, a]`` is proposed for k = 3.
     """
 
+    GROUNDED = 3  # a match this long or longer may draft long blocks
+
     def __init__(self, min_n: int = 1) -> None:
         self.min_n = min_n  # floor under the config's ngram_min
         self._config = GenerationConfig()
@@ -211,8 +213,10 @@ class NGramDrafter:
         n, end = self.lookup(context)
         if n == 0:
             return ()
-        # Statistics per match length: 1, 2, 3 and longer.
-        return (Offer(NGRAM, limit=len(context) - end - 1, key=f"{NGRAM}:{min(n, 3)}", cost_hint=0.0),)
+        # Statistics per match length: 1, 2, 3 and longer; a match of 3 or more is grounded
+        # (a copy of the context: a quote, a file being edited).
+        key = f"{NGRAM}:{min(n, self.GROUNDED)}"
+        return (Offer(NGRAM, limit=len(context) - end - 1, key=key, cost_hint=0.0, grounded=n >= self.GROUNDED),)
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
         if k <= 0:
@@ -364,6 +368,49 @@ class HybridDrafter:
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         self.model.observe(context, verdict)
         self.ngram.observe(context, verdict)
+
+
+class Sources:
+    """Several drafters as one, in the order given (preferred first): the offers of the first
+    drafter that has any (``first_only``: while it has some, the later ones are not asked),
+    or of all of them; a block comes from the drafter that offered its source, and every
+    drafter observes every verdict. How a request's prediction joins the server's drafter
+    (``draftwise.prediction.with_prediction``).
+    """
+
+    def __init__(self, drafters: Sequence[Drafter], first_only: bool = False) -> None:
+        self.drafters = tuple(drafters)
+        self.first_only = first_only
+        self._owner: dict[str, Drafter] = {}
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        for drafter in self.drafters:
+            drafter.start(prompt, config, generator)
+
+    def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
+        offers: list[Offer] = []
+        for drafter in self.drafters:
+            own = drafter.offers(context)
+            self._owner.update((offer.source, drafter) for offer in own)
+            offers.extend(own)
+            if offers and self.first_only:
+                break
+        return tuple(offers)
+
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+        if source is None:
+            offers = self.offers(context)
+            if not offers:
+                return EMPTY_PROPOSAL
+            source = offers[0].source
+        if source not in self._owner:
+            self.offers(context)
+        owner = self._owner.get(source)
+        return owner.propose(context, k, source) if owner is not None else EMPTY_PROPOSAL
+
+    def observe(self, context: Sequence[int], verdict: Verdict) -> None:
+        for drafter in self.drafters:
+            drafter.observe(context, verdict)
 
 
 def text_bridge(target_tokenizer: Tokenizer | None, draft: LanguageModel | None) -> Tokenizer | None:

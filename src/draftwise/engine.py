@@ -20,6 +20,7 @@ from draftwise.events import NO_TOKEN, StepEvent
 from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.metrics import GenerationMetrics
 from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy
+from draftwise.prediction import with_prediction
 from draftwise.stopping import TextStream, first_eos
 from draftwise.target import LocalTarget, Target, Verification
 from draftwise.verify import TokenSource, Verdict
@@ -237,35 +238,39 @@ class SpeculativeEngine:
         ``cancelled`` also reaches into the prefill, which is one long pass: once it is true
         there, the stream ends with no event."""
         config = config or GenerationConfig()
-        policy = make_policy(config.draft, self.profile) if self.drafter is not None else FixedK(0)
+        # A request's prediction is a source of its own, preferred to the engine's drafter's.
+        drafter = with_prediction(self.drafter, self.tokenizer, config)
+        policy = make_policy(config.draft, self.profile) if drafter is not None else FixedK(0)
         run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy)
         try:
-            yield from self._steps(run, cancelled)
+            yield from self._steps(run, drafter, cancelled)
         finally:
             # 7. Whatever ended the run (its end, an error, Ctrl-C, a consumer that stopped
             # reading): the target frees what the run held (a remote verifier's session).
             self.target.finish()
 
-    def _steps(self, run: _Run, cancelled: Callable[[], bool] | None) -> Generator[StepEvent, None, None]:
+    def _steps(
+        self, run: _Run, drafter: Drafter | None, cancelled: Callable[[], bool] | None
+    ) -> Generator[StepEvent, None, None]:
         target_generator, drafter_generator = seeded_generators(run.config.sampling.seed)
         # 1. Prefill target and drafter with the prompt (unless cancelled meanwhile).
         started = time.perf_counter()
         self.target.start(run.context, run.config, target_generator, cancelled)
         if cancelled is not None and cancelled():
             return
-        if self.drafter is not None:
-            self.drafter.start(run.context, run.config, drafter_generator)
+        if drafter is not None:
+            drafter.start(run.context, run.config, drafter_generator)
         run.prefill_seconds = time.perf_counter() - started
 
         while not run.finished:
             step_started = time.perf_counter()
             # 2. Choose what to draft: a source the drafter offers and a length, or nothing.
-            choice = run.choose(self.drafter)
+            choice = run.choose(drafter)
             try:
                 # 3. Draft.
                 proposal = (
-                    self.drafter.propose(run.context, choice.k, choice.source)
-                    if self.drafter is not None and choice.k > 0
+                    drafter.propose(run.context, choice.k, choice.source)
+                    if drafter is not None and choice.k > 0
                     else EMPTY_PROPOSAL
                 )
                 drafted = time.perf_counter()
@@ -278,7 +283,7 @@ class SpeculativeEngine:
                 return
             verified = time.perf_counter()
             # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
-            observe = self.drafter.observe if self.drafter is not None else None
+            observe = drafter.observe if drafter is not None else None
             event = run.commit(
                 choice, proposal, check, drafted - step_started, verified - drafted, step_started, observe
             )

@@ -19,6 +19,8 @@ class GenerationMetrics:
     proposed_at: list[int] = field(default_factory=list)  # per block position: proposals reaching it
     accepted_at: list[int] = field(default_factory=list)  # per block position: accepted there
     accepted_length_counts: Counter[int] = field(default_factory=Counter)  # n_accepted -> steps
+    proposed_by_source: Counter[str] = field(default_factory=Counter)  # draft tokens each source proposed
+    kept_by_source: Counter[str] = field(default_factory=Counter)  # of those, accepted and in the output
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -44,6 +46,10 @@ class GenerationMetrics:
             self.proposed_at[i] += 1
             self.accepted_at[i] += int(i < event.n_accepted)
         self.accepted_length_counts[event.n_accepted] += 1
+        if event.source is not None and n_proposed:
+            self.proposed_by_source[event.source] += n_proposed
+            # An accepted token past a stop is not in the output: it counts as not kept.
+            self.kept_by_source[event.source] += min(event.n_accepted, len(event.tokens))
         self.draft_seconds += event.draft_seconds
         self.verify_seconds += event.verify_seconds
         self.other_seconds += event.other_seconds
@@ -60,6 +66,13 @@ class GenerationMetrics:
     @property
     def total_seconds(self) -> float:
         return self.prefill_seconds + self.draft_seconds + self.verify_seconds + self.other_seconds
+
+    def prediction_tokens(self, source: str) -> tuple[int, int]:
+        """(accepted, rejected) draft tokens of ``source`` as OpenAI counts a prediction's:
+        accepted ones appear in the completion; rejected ones were proposed and are not in
+        it (their rows were computed and thrown away)."""
+        kept = self.kept_by_source[source]
+        return kept, self.proposed_by_source[source] - kept
 
     @property
     def acceptance_rate(self) -> float:
@@ -89,6 +102,8 @@ class GenerationMetrics:
             "mean_accepted_length": self.mean_accepted_length,
             "acceptance_by_position": self.acceptance_by_position,
             "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_length_counts.items())},
+            "proposed_by_source": dict(self.proposed_by_source),
+            "kept_by_source": dict(self.kept_by_source),
             "prefill_seconds": self.prefill_seconds,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,

@@ -26,7 +26,9 @@ class Offer:
     ``key`` names the acceptance statistics the source's proposals share (n-gram lookups
     keep one per match length: a 3-token match is right far more often than a 1-token one).
     ``cost_hint`` guesses a draft token's cost as a share of one plain target pass, until
-    the source's own cost is measured.
+    the source's own cost is measured. A ``grounded`` source copies text the output is
+    expected to follow (a prediction, a long n-gram match): the cost policy may give it
+    blocks past ``k_max`` once it has been right long enough (``CostAwareK``).
     """
 
     source: str
@@ -34,6 +36,7 @@ class Offer:
     behind: int = 0
     key: str = ""
     cost_hint: float = 0.5
+    grounded: bool = False
 
     @property
     def stats_key(self) -> str:
@@ -284,6 +287,16 @@ class CostAwareK:
     beside 8 rows, 8 more rows add only T(16) - T(8) = 17 ms, so long drafts pay; past the
     measured curve each row adds its slope, and drafting pays only at an acceptance no
     stream reaches, so it stops.
+
+    **Long blocks.** A grounded offer (a prediction, a long n-gram match, see ``Offer``) may
+    draft past ``k_max``, up to ``k_long``, but no more than ``GROWTH`` times its current run:
+    the tokens it got accepted in a row since its last rejection. That bounds the waste of a
+    long block that fails early: it can cost at most the rows of a pass ``GROWTH`` times as
+    long as the run of right tokens that earned it, and a source that fails early keeps its
+    blocks at ``k_max`` and below, where its measured acceptance prices them.
+
+    Example, ``k_max`` 12, ``k_long`` 48: a prediction that got 7 tokens right in a row may
+    draft 12; after 20 in a row, 40; after 30, 48; a rejection starts its run at 0 again.
     """
 
     DECAY = 0.9
@@ -302,9 +315,12 @@ class CostAwareK:
     # current costs (a big batch, a draft as slow as the target), there is nothing to learn.
     PROBE_CEILING = 0.95
     OTHERS_WEIGHT = 0.3  # of the newest pass in the running mean of other streams' rows
+    GROWTH = 2  # a grounded source's longest block, in multiples of its run of accepted tokens
 
     def __init__(self, config: DraftConfig, profile: CostProfile | None = None) -> None:
         self.k_max = config.k_max
+        self.k_long = max(config.k_max, config.k_long)
+        self._runs: dict[str, int] = {}  # statistics key -> tokens accepted in a row since its last rejection
         self.k_start = max(1, min(config.k, config.k_max))
         self.probe_every = config.probe_every
         self.profile = profile or CostProfile()
@@ -372,12 +388,19 @@ class CostAwareK:
                 return Choice(offer, self.k_start if offer.limit is None else min(self.k_start, offer.limit))
         return None
 
+    def longest(self, offer: Offer) -> int:
+        """The longest block ``offer`` may draft now (see "Long blocks")."""
+        top = self.k_max
+        if offer.grounded:
+            top = max(top, min(self.k_long, self.GROWTH * self._runs.get(offer.stats_key, 0)))
+        return top if offer.limit is None else min(top, offer.limit)
+
     def _best(self, offers: Sequence[Offer], remaining: int, alpha: float | None = None) -> tuple[Choice, float]:
         """The drafting choice with the best expected rate (``PLAIN`` if none is priced), at
         each offer's measured acceptance or at ``alpha``."""
         best, best_rate = PLAIN, 0.0
         for offer in offers:
-            top = self.k_max if offer.limit is None else min(self.k_max, offer.limit)
+            top = self.longest(offer)
             for k in range(1, top + 1):
                 rate = self.rate(offer, k, remaining, alpha)
                 if rate is not None and rate > best_rate:
@@ -417,6 +440,7 @@ class CostAwareK:
         key = outcome.choice.offer.stats_key
         accepted, rejected = self._counts.get(key, self.PRIOR)
         rejection = 1 if outcome.n_accepted < outcome.n_proposed else 0
+        self._runs[key] = 0 if rejection else self._runs.get(key, 0) + outcome.n_accepted
         counts = (self.DECAY * accepted + outcome.n_accepted, self.DECAY * rejected + rejection)
         self._counts[key] = counts
         self.profile.acceptance[key] = counts

@@ -75,7 +75,7 @@ def prepare(
             warm_up(lm)
     profile = None
     if drafting is not None and drafting.k_policy == "cost":
-        profile = calibrate(target, draft, drafting.k_max, log, slots=slots)
+        profile = calibrate(target, draft, drafting.k_max, log, slots=slots, k_long=drafting.k_long)
     return Pair(target, draft, profile)
 
 

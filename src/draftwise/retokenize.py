@@ -113,8 +113,9 @@ class TokenText:
         self.text += piece
         self.clean = len(self.tokens)
         self.cuts[self.clean] = len(self.text)
-        for index in [i for i in self.cuts if i < self.clean - self.WINDOW]:
-            del self.cuts[index]
+        stale = self.clean - self.WINDOW
+        while (first := next(iter(self.cuts))) < stale:  # the cuts are in increasing order
+            del self.cuts[first]
 
 
 class TextTokens:

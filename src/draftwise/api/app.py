@@ -29,12 +29,21 @@ from draftwise.api.monitoring import ServerMetrics
 from draftwise.api.openapi import GUARDED, UNKNOWN_MODEL, complete, generation_responses
 from draftwise.api.pool import GenerationTimeout, Job, QueueFull, WorkerPool, build_workers
 from draftwise.api.settings import ServerSettings
-from draftwise.api.translate import Plan, context_exceeded, encode_chat, encode_completion, plan, prompt_bytes
+from draftwise.api.translate import (
+    Plan,
+    check_prediction,
+    context_exceeded,
+    encode_chat,
+    encode_completion,
+    plan,
+    prompt_bytes,
+)
 from draftwise.chat import PromptTooLong
 from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
 from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.metrics import GenerationMetrics
+from draftwise.prediction import PREDICTION
 from draftwise.prepare import Pair
 from draftwise.verify import TokenSource
 from draftwise.web import BodyLimit, bearer_guard, error_responses
@@ -114,7 +123,14 @@ class Transcript:
             completion_tokens=self.metrics.new_tokens,
             total_tokens=prompt + self.metrics.new_tokens,
             prompt_tokens_details=s.PromptTokensDetails(cached_tokens=self.job.cached_tokens),
+            completion_tokens_details=self._prediction_details(),
         )
+
+    def _prediction_details(self) -> s.CompletionTokensDetails | None:
+        if self.plan.config.prediction is None:
+            return None
+        accepted, rejected = self.metrics.prediction_tokens(PREDICTION)
+        return s.CompletionTokensDetails(accepted_prediction_tokens=accepted, rejected_prediction_tokens=rejected)
 
     def stats(self) -> dict[str, Any]:
         return {"drafter": self.plan.drafter, **self.metrics.to_dict()}
@@ -295,8 +311,13 @@ class _Service:
                 f"this model's maximum context length is {limit} tokens, and a prompt of {size} "
                 f"bytes holds more (no token of this model is longer than {self.token_bytes_max} bytes)",
             )
+        def prompt_and_prediction(limit: int | None) -> list[int]:
+            prompt = work(limit)
+            check_prediction(request, self.tokenizer, len(prompt), limit, self.token_bytes_max)
+            return prompt
+
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.text_work, work, limit)
+            return await asyncio.get_running_loop().run_in_executor(self.text_work, prompt_and_prediction, limit)
         except PromptTooLong as exc:
             message = f"this model's maximum context length is {limit} tokens, and {exc}"
             raise context_exceeded(request, message) from exc

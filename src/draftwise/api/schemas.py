@@ -63,6 +63,30 @@ class StreamOptions(_Request):
     include_usage: bool = Field(False, description="send a last chunk with usage and no choices")
 
 
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(_Request):
+    """OpenAI's Predicted Outputs: text the answer is expected to follow for long stretches
+    (a file sent back with a small edit). draftwise drafts from it; a wrong one costs rows,
+    never the output."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, value: str | list[TextPart]) -> str | list[TextPart]:
+        encodable(value if isinstance(value, str) else "".join(part.text for part in value))
+        return value
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
 class GenerationRequest(_Request):
     model: str = Field(..., description="the served model id (see GET /v1/models)")
     max_tokens: Int | None = Field(None, ge=1, description="tokens to generate at most; None = server default")
@@ -79,6 +103,9 @@ class GenerationRequest(_Request):
     user: str | None = Field(None, description="ignored")
     logprobs: bool | int | None = Field(None, description="not supported: leave out, null, false or 0")
     speculative: SpeculativeOptions | None = None
+    prediction: Prediction | None = Field(
+        None, description="the expected output (OpenAI's Predicted Outputs), drafted from where the answer follows it"
+    )
 
     @field_validator("stop")
     @classmethod
@@ -151,11 +178,6 @@ class CompletionRequest(GenerationRequest):
         return ids
 
 
-class TextPart(_Request):
-    type: Literal["text"]
-    text: str
-
-
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
@@ -189,11 +211,25 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(..., description="prompt tokens the slot held already, not prefilled again")
 
 
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int = Field(
+        ..., description="tokens of the prediction that were drafted, accepted and are in the completion"
+    )
+    rejected_prediction_tokens: int = Field(
+        ...,
+        description="tokens of the prediction that were drafted and are not in the completion (verified and "
+        "thrown away: they cost compute, as OpenAI bills them)",
+    )
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        None, description="with a prediction only: how much of it the completion used"
+    )
 
 
 class RejectedDraft(BaseModel):

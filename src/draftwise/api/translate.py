@@ -80,6 +80,32 @@ def prompt_bytes(request: GenerationRequest) -> int:
     return len(prompt.encode("utf-8")) if isinstance(prompt, str) else 0
 
 
+def check_prediction(
+    request: GenerationRequest, tokenizer: Tokenizer, prompt_tokens: int, limit: int | None, token_bytes_max: int
+) -> None:
+    """Refuse a prediction that cannot fit in what the context leaves after the prompt (an
+    answer that followed it would run out of room): by its size in bytes first, before
+    tokenizing, then by its tokens."""
+    if request.prediction is None or limit is None:
+        return
+    text, room = request.prediction.text, limit - prompt_tokens
+    size = len(text.encode("utf-8"))
+    tokens = (
+        len(tokenizer.encode(text, add_special_tokens=False, parse_special=False))
+        if size <= room * token_bytes_max
+        else None
+    )
+    if tokens is None or tokens > room:
+        held = f"{tokens} tokens" if tokens is not None else f"{size} bytes, more than {room} tokens can hold"
+        raise APIError(
+            400,
+            f"the prediction holds {held}; this model's maximum context length is {limit} tokens and the prompt "
+            f"takes {prompt_tokens}, leaving {room} for the completion",
+            param="prediction",
+            code="context_length_exceeded",
+        )
+
+
 def _validated(cls: type[BaseModel], data: dict[str, Any], prefix: tuple[str, ...]) -> Any:
     try:
         return cls.model_validate(data)
@@ -134,6 +160,7 @@ def plan(
             "stop": tuple(request.stop or ()),
             "sampling": sampling,
             "draft": draft,
+            "prediction": request.prediction.text or None if request.prediction is not None else None,
         },
         (),
     )

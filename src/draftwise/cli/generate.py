@@ -47,14 +47,20 @@ STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
 LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
 
 
+def _read_file(file: Path, what: str) -> str:
+    try:
+        return file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} file {file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} file {file} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+
+
 def _read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
         raise ConfigError("give the prompt as an argument or with --file, not both")
     if file is not None:
-        try:
-            return file.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read prompt file {file}: {exc.strerror}") from None
+        return _read_file(file, "prompt")
     if prompt == "-":
         return sys.stdin.read()
     if prompt is None:
@@ -345,6 +351,7 @@ def _report(
 def _run(
     prompt: str | None,
     file: Path | None,
+    prediction: Path | None,
     target: str | None,
     draft: str | None,
     drafter: str | None,
@@ -359,6 +366,8 @@ def _run(
     from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
     config = generation_config(given, ALIASES)  # before any model loads: mistakes fail fast
+    if prediction is not None:
+        config = config.model_copy(update={"prediction": _read_file(prediction, "prediction") or None})
     remote_settings = settings_from_flags(ClientSettings, verifier is not None, given[ClientSettings], "--verifier")
     text = _read_prompt(prompt, file)
     named = target
@@ -409,7 +418,8 @@ def _generate(
     baseline = None
     if compare and loaded.target:
         loaded.target.reset()  # a prefill from scratch, as the run above had: no prompt left cached
-        baseline = autoregressive(loaded.target).generate(ids, config)
+        # Plain decoding: no prediction either.
+        baseline = autoregressive(loaded.target).generate(ids, config.model_copy(update={"prediction": None}))
     here = loaded.target or loaded.draft  # None: n-gram drafting through a verifier runs no model here
     run = {
         "target": target,
@@ -457,6 +467,15 @@ def register(app: typer.Typer) -> None:
                 help="model, ngram, or hybrid (both: n-gram lookup where the context repeats, the draft model "
                 "elsewhere; the cost policy picks per step, or neither); default: hybrid when a draft is known or "
                 "given, else ngram",
+            ),
+        ),
+        (
+            "prediction",
+            Optional[Path],
+            typer.Option(
+                None,
+                help="a file holding the expected output (OpenAI's Predicted Outputs: the file an edit returns); "
+                "drafted from wherever the output follows it",
             ),
         ),
         ("chat", bool, typer.Option(False, "--chat/--plain", help="apply the target's chat template")),

@@ -49,6 +49,7 @@ class RunRequest:
     temperature: float
     seed: int | None
     max_tokens: int
+    prediction: str | None = None  # the expected output (Predicted Outputs); the plain run leaves it out
 
     @classmethod
     def build(
@@ -64,6 +65,7 @@ class RunRequest:
         temperature: float,
         seed: int | None,
         max_tokens: int,
+        prediction: str | None = None,
     ) -> RunRequest:
         """Validate the drafting knobs with ``DraftConfig`` itself, so the page rejects what the
         server would, with the same rule and a one-line message."""
@@ -81,6 +83,7 @@ class RunRequest:
             temperature=temperature,
             seed=seed,
             max_tokens=max_tokens,
+            prediction=prediction or None,
         )
 
     def body(self, model: str, drafter: str | None = None) -> dict[str, Any]:
@@ -101,6 +104,8 @@ class RunRequest:
         }
         if self.seed is not None:
             body["seed"] = self.seed
+        if self.prediction is not None and drafter is None:
+            body["prediction"] = {"type": "content", "content": self.prediction}
         if self.chat:
             body["messages"] = [{"role": "user", "content": self.prompt}]
         else:

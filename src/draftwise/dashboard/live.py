@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ACCEPTED, CORRECTED, BONUS = "accepted", "corrected", "bonus"
+PREDICTED = "predicted"  # an accepted token that a request's prediction drafted (shown apart)
+PREDICTION_SOURCE = "prediction"  # the drafter source that drafts from a prediction
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class TokenView:
     text: str
     source: str  # accepted | corrected | bonus
     step: int
+    drafted_by: str | None = None  # the drafter's source of an accepted token, where the server says
     draft_prob: float | None = None  # q(token): accepted draft tokens only
     target_prob: float | None = None  # p(token): accepted draft tokens only
     rejected: list[DraftToken] = field(default_factory=list)  # what a correction replaced, in order
@@ -97,6 +100,7 @@ class LiveRun:
                 step=index,
                 draft_prob=item.get("draft_prob"),
                 target_prob=item.get("target_prob"),
+                drafted_by=step.get("source") if step and item["source"] == ACCEPTED else None,
             )
             if token.source == CORRECTED:
                 if step is not None:

@@ -214,6 +214,7 @@ def _generate(
     client: ApiClient,
     model: str,
     prompt: str,
+    prediction: str,
     options: dict[str, Any],
     spec_slots: Slots,
     plain_slots: Slots,
@@ -222,7 +223,8 @@ def _generate(
     """Run the prompt speculatively, then (if asked) on the plain target; keep both runs for reruns.
     False when the settings were refused (the reason is on the page)."""
     try:
-        request = RunRequest.build(prompt=prompt, **{k: v for k, v in options.items() if k != "side_by_side"})
+        settings = {k: v for k, v in options.items() if k != "side_by_side"}
+        request = RunRequest.build(prompt=prompt, prediction=prediction, **settings)
     except DashboardApiError as exc:
         st.error(str(exc))
         return False
@@ -245,6 +247,14 @@ def live_view() -> None:
     health = _server(client)
     options = _settings(health)
     prompt = st.text_area("Prompt", DEFAULT_PROMPT, key="prompt", height=90)
+    prediction = st.text_area(
+        "Prediction (optional)",
+        "",
+        key="prediction",
+        height=68,
+        help="the expected output, such as the file an edit sends back (OpenAI's Predicted Outputs): drafted "
+        "from wherever the output follows it; its accepted tokens show in their own colour",
+    )
     go = st.button("Generate", type="primary", disabled=health is None, key="generate")
 
     spec_col, plain_col = st.columns(2)
@@ -257,7 +267,9 @@ def live_view() -> None:
     chart_slot = st.empty()
 
     if go and health is not None:
-        if not _generate(client, str(health["model"]), prompt, options, spec_slots, plain_slots, chart_slot):
+        if not _generate(
+            client, str(health["model"]), prompt, prediction, options, spec_slots, plain_slots, chart_slot
+        ):
             return
 
     runs = st.session_state.get("runs")

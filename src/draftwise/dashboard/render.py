@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import html
 
-from draftwise.dashboard.live import ACCEPTED, BONUS, CORRECTED, DraftToken, LiveRun, TokenView
+from draftwise.dashboard.live import (
+    ACCEPTED,
+    BONUS,
+    CORRECTED,
+    PREDICTED,
+    PREDICTION_SOURCE,
+    DraftToken,
+    LiveRun,
+    TokenView,
+)
 
-COLOURS = {ACCEPTED: "#b7ebc0", CORRECTED: "#ffc9a8", BONUS: "#b9d9ff"}  # token backgrounds
+COLOURS = {ACCEPTED: "#b7ebc0", PREDICTED: "#e3cdf7", CORRECTED: "#ffc9a8", BONUS: "#b9d9ff"}  # token backgrounds
 LINE_COLOURS = {ACCEPTED: "#2e9e4f", CORRECTED: "#e8743b", BONUS: "#1f6fd1", "other": "#9e9e9e"}  # charts
 MEANING = {
     ACCEPTED: "accepted draft token: proposed by the drafter, kept by the target",
+    PREDICTED: "accepted prediction token: drafted from the request's prediction, kept by the target",
     CORRECTED: "target correction: the target's own token where it rejected the draft",
     BONUS: "bonus token: the target's next token after it accepted the whole draft (or with nothing drafted)",
     "rejected": "rejected proposal (struck through): drafted, then thrown away",
@@ -27,6 +37,7 @@ STYLE = f"""<style>
   border-radius: 0.4rem; min-height: 3rem; }}
 .dw-tok {{ border-radius: 0.2rem; padding: 0.05rem 0; }}
 .dw-accepted {{ background: {COLOURS[ACCEPTED]}; }}
+.dw-predicted {{ background: {COLOURS[PREDICTED]}; }}
 .dw-corrected {{ background: {COLOURS[CORRECTED]}; }}
 .dw-bonus {{ background: {COLOURS[BONUS]}; }}
 .dw-rejected {{ color: #c0392b; text-decoration: line-through; opacity: 0.75; font-size: 0.8em; }}
@@ -58,6 +69,8 @@ def _rejected_html(draft: DraftToken) -> str:
 def token_title(token: TokenView) -> str:
     """The hover text of one token."""
     head = f"step {token.step + 1}, token {token.id}: {token.source}"
+    if token.drafted_by is not None:
+        head += f" (drafted by {token.drafted_by})"
     if token.source == ACCEPTED:
         return f"{head}; draft q={_prob(token.draft_prob)}, target p={_prob(token.target_prob)}"
     if token.source == CORRECTED and token.rejected:
@@ -74,7 +87,8 @@ def token_title(token: TokenView) -> str:
 def token_html(token: TokenView) -> str:
     rejected = "".join(_rejected_html(d) for d in token.rejected)
     title = html.escape(token_title(token), quote=True)
-    return f'{rejected}<span class="dw-tok dw-{token.source}" title="{title}">{visible(token.text)}</span>'
+    shown = PREDICTED if token.source == ACCEPTED and token.drafted_by == PREDICTION_SOURCE else token.source
+    return f'{rejected}<span class="dw-tok dw-{shown}" title="{title}">{visible(token.text)}</span>'
 
 
 def tokens_html(run: LiveRun, placeholder: str = "") -> str:
@@ -87,7 +101,7 @@ def legend_html() -> str:
     items = [
         f'<span><span class="dw-tok dw-{s}" title="{html.escape(MEANING[s])}">&nbsp;{s}&nbsp;</span> '
         f"{html.escape(MEANING[s].split(':')[0])}</span>"
-        for s in (ACCEPTED, CORRECTED, BONUS)
+        for s in (ACCEPTED, PREDICTED, CORRECTED, BONUS)
     ]
     items.append(
         f'<span><span class="dw-rejected">&nbsp;rejected&nbsp;</span> {html.escape(MEANING["rejected"])}</span>'

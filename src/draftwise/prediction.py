@@ -1,0 +1,207 @@
+"""Predicted Outputs: the expected output as a drafter.
+
+A request may say what its answer will mostly be (OpenAI's ``prediction``: a coding tool
+sends the file it asked to edit). ``PredictionDrafter`` keeps an alignment between the output
+so far and the prediction, and proposes the prediction's next tokens from there. The
+proposals are point masses, verified like n-gram lookups: greedy output stays the target's
+own, sampled output follows the target's distribution. A wrong prediction costs rejected
+rows, which the cost policy sees and stops paying for.
+
+After the output leaves the prediction (an inserted, deleted or changed span), the drafter
+finds its place again:
+
+1. **by tokens**: where the last few output tokens occur in the prediction's tokens, looking
+   forward from the old place first, then anywhere;
+2. **by text**: where the output's last few dozen characters occur in the prediction's text,
+   so that a change inside a token does not lose the rest. When that place falls inside one
+   of the prediction's tokens, the text up to its next token boundary is encoded after the
+   committed tokens (``proposal_ids``, or alone where it would merge into them) and proposed
+   first.
+
+Example: prediction ``def area(r):\\n    return 3.14 * r * r\\n``, instruction "rename area to
+disc_area". The output writes ``def`` (on the prediction), then `` disc`` (off it: no offer
+while the last tokens occur nowhere in the prediction); once it has written ``_area(r):`` the
+last three tokens ``_area`` ``(r`` ``):`` occur in the prediction, and drafting resumes with
+``\\n    return 3.14 * r * r\\n``.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+import torch
+
+from draftwise.config import GenerationConfig
+from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, Sources
+from draftwise.lm import Tokenizer
+from draftwise.policies import Offer
+from draftwise.retokenize import TokenText, proposal_ids
+from draftwise.verify import Verdict
+
+PREDICTION = "prediction"
+
+
+def token_offsets(tokenizer: Tokenizer, ids: Sequence[int]) -> tuple[str, dict[int, int]]:
+    """The text of ``ids``, and the character offset in it -> the index of the token that
+    starts there, for every token that starts on a whole character (and the end: its length
+    -> ``len(ids)``)."""
+    read = _WholeText(tokenizer)
+    read.follow(ids)
+    return read.text, {offset: index for index, offset in read.cuts.items()}
+
+
+class _WholeText(TokenText):
+    WINDOW = 1 << 62  # every cut is kept: a prediction is read once, whole
+
+
+def _find(haystack: bytes, needle: bytes, start: int) -> int:
+    """The first token index at or after token ``start`` where the token run ``needle`` occurs
+    in the token run ``haystack`` (both 4-byte ids), or -1."""
+    at = haystack.find(needle, 4 * start)
+    while at >= 0 and at % 4:
+        at = haystack.find(needle, at + 1)
+    return at // 4 if at >= 0 else -1
+
+
+def _ids_bytes(ids: Sequence[int]) -> bytes:
+    return array("I", ids).tobytes()
+
+
+class PredictionDrafter:
+    """Drafts the prediction of ``GenerationConfig.prediction`` from where the output follows
+    it (see the module's docstring). Offers nothing without a prediction, while lost, or once
+    the prediction is used up."""
+
+    MIN_TOKENS = 3  # a re-synchronisation by tokens matches at least this many output tokens
+    MAX_TOKENS = 8
+    MIN_CHARS = 12  # by text, at least this many characters
+    MAX_CHARS = 48
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.start([], GenerationConfig(), None)
+
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
+        text = config.prediction or ""
+        self.ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False, parse_special=False) if text else []
+        self._bytes = _ids_bytes(self.ids)
+        # The text as its ids read back (what the output's text is compared with).
+        self.text, self._offsets = token_offsets(self.tokenizer, self.ids) if self.ids else ("", {})
+        self._boundaries = sorted(self._offsets)
+        self.prompt_len = len(prompt)
+        self.read = TokenText(self.tokenizer)
+        self.read.reset(prompt)
+        self._prompt_chars = len(self.read.text)
+        self.bridge: list[int] = []  # re-encoded ids proposed before ids[pos:] (a resync inside a token)
+        self.pos: int | None = 0 if self.ids else None  # next prediction token; None: lost
+        self._hint = 0  # where the last alignment was: searches look forward from here first
+        self.seen = len(prompt)  # the context length the alignment is for
+
+    @property
+    def left(self) -> int:
+        """Prediction tokens ahead of the output (0 while lost)."""
+        return 0 if self.pos is None else len(self.bridge) + len(self.ids) - self.pos
+
+    def _advance(self, new: Sequence[int]) -> bool:
+        """Move along the prediction over committed tokens ``new``; False where they leave it."""
+        for token in new:
+            if self.bridge:
+                if self.bridge[0] != token:
+                    return False
+                self.bridge.pop(0)
+            elif self.pos is not None and self.pos < len(self.ids) and self.ids[self.pos] == token:
+                self.pos += 1
+            else:
+                return False
+        return True
+
+    def _follow(self, context: Sequence[int]) -> None:
+        """Bring the alignment up to ``context`` (step 1: advance; step 2: resync if it left)."""
+        if len(context) == self.seen or not self.ids:
+            return
+        self.read.follow(context)
+        ahead = len(context) > self.seen and self.pos is not None
+        if not (ahead and self._advance(context[self.seen :])):
+            if self.pos is not None:
+                self._hint = self.pos
+            self.bridge, self.pos = [], None
+            self._resync(context)
+        self.seen = len(context)
+
+    def _resync(self, context: Sequence[int]) -> None:
+        if not self._resync_tokens(context[self.prompt_len :]):
+            self._resync_text(context)
+        if self.pos is not None:
+            self._hint = self.pos
+
+    def _resync_tokens(self, output: Sequence[int]) -> bool:
+        for m in range(min(self.MAX_TOKENS, len(output)), self.MIN_TOKENS - 1, -1):
+            tail = _ids_bytes(output[-m:])
+            at = _find(self._bytes, tail, self._hint)
+            at = at if at >= 0 else _find(self._bytes, tail, 0)
+            if at >= 0:
+                self.pos = at + m
+                return True
+        return False
+
+    def _resync_text(self, context: Sequence[int]) -> bool:
+        output = self.read.text[self._prompt_chars :]
+        hint = next((offset for offset, index in self._offsets.items() if index == self._hint), 0)
+        for size in (self.MAX_CHARS, 2 * self.MIN_CHARS, self.MIN_CHARS):
+            if len(output) < size:
+                continue
+            tail = output[-size:]
+            found = self.text.find(tail, hint)
+            found = found if found >= 0 else self.text.find(tail)
+            if found >= 0:
+                return self._place(context, found + size)
+        return False
+
+    def _place(self, context: Sequence[int], offset: int) -> bool:
+        """Align at character ``offset`` of the prediction: on a token boundary directly, else
+        through the ids of the text up to the next boundary, written after ``context``."""
+        if offset in self._offsets:
+            self.pos = self._offsets[offset]
+            return True
+        following = [b for b in self._boundaries if b > offset]
+        if not following:
+            return False
+        rest = self.text[offset : following[0]]
+        # As the tokenizer writes it after the context; where it would merge into the
+        # committed tokens, as it reads alone (the target may still write it so: it decides).
+        bridge = proposal_ids(self.tokenizer, context, self.read, rest) or self.tokenizer.encode(
+            rest, add_special_tokens=False, parse_special=False
+        )
+        self.bridge, self.pos = bridge, self._offsets[following[0]]
+        return True
+
+    def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
+        self._follow(context)
+        if not self.left:
+            return ()
+        return (Offer(PREDICTION, limit=self.left, key=PREDICTION, cost_hint=0.0, grounded=True),)
+
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+        self._follow(context)
+        if k <= 0 or not self.left or self.pos is None:
+            return EMPTY_PROPOSAL
+        block = (self.bridge + self.ids[self.pos : self.pos + k])[:k]
+        return Proposal(tokens=torch.tensor(block, dtype=torch.long), source=PREDICTION)
+
+    def observe(self, context: Sequence[int], verdict: Verdict) -> None:
+        """Nothing to do now: the next ``offers`` follows the committed tokens."""
+
+
+def with_prediction(drafter: Drafter | None, tokenizer: Tokenizer | None, config: GenerationConfig) -> Drafter | None:
+    """The drafter of one generation: ``drafter`` alone, or, where ``config`` carries a
+    prediction, the prediction wherever the output follows it and ``drafter`` elsewhere (where
+    the output left it, until it finds its place again, and once it is used up). While it
+    follows, the other sources would mostly copy the same text; the user's own word on what
+    comes next is the one to draft and to count."""
+    if config.prediction is None:
+        return drafter
+    if tokenizer is None:
+        raise ValueError("a prediction is text: it needs the target's tokenizer")
+    prediction = PredictionDrafter(tokenizer)
+    return prediction if drafter is None else Sources((prediction, drafter), first_only=True)
