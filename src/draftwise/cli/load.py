@@ -34,7 +34,8 @@ FLAGS = (
             f"default: {_default('servers')}",
             "concurrency": "comma-separated concurrencies C: C clients, and C slots in each started server; "
             f"default: {_default('concurrency')}",
-            "subtasks": "comma-separated subtasks of --code and --data (code_completion, mt_bench, ...)",
+            "subtasks": "comma-separated subtasks of --code, --data and --edit (code_completion, mt_bench, "
+            "code_edit, ...)",
         },
         # Read by the load bench's own parsers, whose errors say what a list should look like.
         parse={"servers": parse_servers, "concurrency": parse_concurrency, "subtasks": _subtasks},
@@ -52,8 +53,10 @@ def load(
     models_given: dict | None = None,
 ) -> None:
     """Measure servers under concurrent streaming clients: draftwise serve --slots C against
-    llama.cpp's llama-server -np C (plain and with its own speculation) on the same GGUF files,
-    threads and prompts; tokens/s, TTFT, latency, and answers identical to the same request alone."""
+    llama.cpp's llama-server -np C (plain, and with its own speculation: a draft model or n-grams)
+    on the same GGUF files, threads and prompts (code-edit tasks with --edit: their predicted
+    output goes to draftwise only); tokens/s, decode tokens/s, TTFT, latency, prediction tokens
+    accepted and rejected, and answers identical to the same request alone."""
     config = built(LoadConfig, aliases=ALIASES, **given[LoadConfig], models=models)
     _run(config, progress)
 

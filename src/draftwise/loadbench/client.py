@@ -2,7 +2,8 @@
 
 Each answer records what a user of the stream sees: time to the first chunk with text, the
 whole latency, the text, and the completion tokens the server counted (``usage``, which
-both draftwise and llama-server send at the end of a stream when asked).
+both draftwise and llama-server send at the end of a stream when asked), with the prediction
+tokens it accepted and rejected where it reports them (``usage.completion_tokens_details``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class Answer:
     ttft_s: float | None = None  # to the first chunk that carries text
     latency_s: float = 0.0  # to the end of the stream
     completion_tokens: int | None = None  # the server's own count (usage)
+    accepted_prediction_tokens: int | None = None  # usage.completion_tokens_details, where reported
+    rejected_prediction_tokens: int | None = None
     finish_reason: str | None = None
     error: str | None = None  # why it failed; None for a complete stream
 
@@ -64,10 +67,21 @@ def read_event(answer: Answer, data: str, elapsed: float) -> bool:
     answer.text += text
     for choice in chunk.get("choices") or []:
         answer.finish_reason = choice.get("finish_reason") or answer.finish_reason
-    usage = chunk.get("usage")
-    if usage and usage.get("completion_tokens") is not None:
-        answer.completion_tokens = int(usage["completion_tokens"])
+    read_usage(answer, chunk.get("usage"))
     return False
+
+
+def read_usage(answer: Answer, usage: dict[str, Any] | None) -> None:
+    """The completion tokens of a ``usage`` object, and the prediction tokens where it has them."""
+    if not usage:
+        return
+    if usage.get("completion_tokens") is not None:
+        answer.completion_tokens = int(usage["completion_tokens"])
+    details = usage.get("completion_tokens_details") or {}
+    if details.get("accepted_prediction_tokens") is not None:
+        answer.accepted_prediction_tokens = int(details["accepted_prediction_tokens"])
+    if details.get("rejected_prediction_tokens") is not None:
+        answer.rejected_prediction_tokens = int(details["rejected_prediction_tokens"])
 
 
 async def _stream(http: Any, url: str, body: dict[str, Any], answer: Answer, started: float) -> float:
@@ -90,12 +104,15 @@ async def _stream(http: Any, url: str, body: dict[str, Any], answer: Answer, sta
     return 0.0
 
 
-async def send(http: Any, base: str, prompt: LoadPrompt, model: str, max_tokens: int, t0: float) -> Answer:
-    """Send ``prompt`` (again after a 429, as told) and read its stream to the end."""
+async def send(
+    http: Any, base: str, prompt: LoadPrompt, model: str, max_tokens: int, t0: float, predict: bool = False
+) -> Answer:
+    """Send ``prompt`` (again after a 429, as told) and read its stream to the end; with
+    ``predict``, an edit task's prediction goes with it."""
     import httpx
 
     answer = Answer(prompt, start_s=time.perf_counter() - t0)
-    body = prompt.body(model, max_tokens)
+    body = prompt.body(model, max_tokens, predict)
     for _ in range(MAX_BUSY_RETRIES):
         started = time.perf_counter()
         try:
@@ -112,7 +129,14 @@ async def send(http: Any, base: str, prompt: LoadPrompt, model: str, max_tokens:
 
 
 async def _level(
-    base: str, model: str, prompts: Sequence[LoadPrompt], clients: int, max_tokens: int, timeout: float, on_answer: Any
+    base: str,
+    model: str,
+    prompts: Sequence[LoadPrompt],
+    clients: int,
+    max_tokens: int,
+    timeout: float,
+    on_answer: Any,
+    predict: bool,
 ) -> tuple[list[Answer], float]:
     import httpx
 
@@ -124,7 +148,7 @@ async def _level(
 
         async def client() -> None:
             for prompt in queue:
-                answer = await send(http, base, prompt, model, max_tokens, t0)
+                answer = await send(http, base, prompt, model, max_tokens, t0, predict)
                 answers.append(answer)
                 on_answer(answer)
 
@@ -141,7 +165,9 @@ def run_level(
     max_tokens: int,
     timeout: float,
     on_answer: Callable[[Answer], None] = lambda answer: None,
+    predict: bool = False,
 ) -> tuple[list[Answer], float]:
     """Every prompt once, ``clients`` at a time; the answers (in the order they finished) and
-    the wall time from the first request sent to the last stream ended."""
-    return asyncio.run(_level(base, model, prompts, clients, max_tokens, timeout, on_answer))
+    the wall time from the first request sent to the last stream ended. With ``predict``, the
+    edit tasks' requests carry their predictions."""
+    return asyncio.run(_level(base, model, prompts, clients, max_tokens, timeout, on_answer, predict))

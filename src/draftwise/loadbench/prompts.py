@@ -1,19 +1,26 @@
-"""The load benchmark's prompts: raw code completions and chat turns, one list in a fixed order.
+"""The load benchmark's prompts: raw code completions, chat turns and code edits, one list in a
+fixed order.
 
 Code prompts go to ``/v1/completions`` as they are (no template); chat prompts (the first
 turn of each Spec-Bench question, or of a user file) go to ``/v1/chat/completions`` as one
-user message, so each server applies its own chat template, as its users would get it.
+user message, so each server applies its own chat template, as its users would get it. Code
+edits (``--edit``, made by ``scripts/make_code_edit.py``) are chat prompts too, each with the
+answer a coding tool predicts (the file unchanged), sent as OpenAI's ``prediction`` to the
+servers that take it (``config.sends_prediction``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from draftwise.bench.dataset import read_prompts, select, spec_bench_path
 from draftwise.loadbench.config import CODE_COMPLETION, NONE, SPEC_BENCH, LoadConfig, LoadError
+
+PREDICTION = "prediction"  # an --edit task's field (and the request's): the expected answer
 
 
 @dataclass(frozen=True)
@@ -22,16 +29,20 @@ class LoadPrompt:
     subtask: str
     text: str
     chat: bool  # a chat turn (chat endpoint) or a raw prompt (completions endpoint)
+    prediction: str | None = None  # an edit task's expected answer (OpenAI's Predicted Outputs)
 
-    def body(self, model: str, max_tokens: int) -> dict[str, Any]:
-        """The request both kinds of server take: greedy, streamed, with token usage at the end."""
-        common = {
+    def body(self, model: str, max_tokens: int, predict: bool = False) -> dict[str, Any]:
+        """The request both kinds of server take: greedy, streamed, with token usage at the end;
+        with ``predict``, an edit task's prediction too."""
+        common: dict[str, Any] = {
             "model": model,
             "max_tokens": max_tokens,
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if predict and self.prediction is not None:
+            common[PREDICTION] = {"type": "content", "content": self.prediction}
         if self.chat:
             return {**common, "messages": [{"role": "user", "content": self.text}]}
         return {**common, "prompt": self.text}
@@ -39,6 +50,13 @@ class LoadPrompt:
     @property
     def path(self) -> str:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
+
+    @property
+    def kind(self) -> str:
+        """``code``, ``chat`` or ``edit`` (a chat prompt with a prediction)."""
+        if self.prediction is not None:
+            return "edit"
+        return "chat" if self.chat else "code"
 
 
 def _read(data: str) -> list[Any]:
@@ -57,18 +75,48 @@ def _source(data: str, chat: bool, subtasks: Sequence[str] | None, limit: int | 
     return [LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=chat) for p in select(chosen, None, limit)]
 
 
+def read_predictions(path: Path) -> list[str]:
+    """The prediction of every task of an --edit file, in file order (one per non-empty line,
+    as ``read_prompts`` reads the prompts, which checks first that every line is JSON)."""
+    found = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        prediction = row.get(PREDICTION) if isinstance(row, dict) else None
+        if not isinstance(prediction, str) or not prediction:
+            raise LoadError(f"--edit {path}, line {number}: a task needs a '{PREDICTION}' string")
+        found.append(prediction)
+    return found
+
+
+def _edit_source(data: str, subtasks: Sequence[str] | None, limit: int | None) -> list[LoadPrompt]:
+    if data == NONE:
+        return []
+    path = Path(data).expanduser()
+    prompts = read_prompts(path)
+    predictions = dict(zip([p.id for p in prompts], read_predictions(path)))
+    chosen = [p for p in prompts if not subtasks or p.subtask in subtasks]
+    return [
+        LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=True, prediction=predictions[p.id])
+        for p in select(chosen, None, limit)
+    ]
+
+
 def load_prompts(config: LoadConfig) -> list[LoadPrompt]:
-    """The prompts of a run: the code prompts, then the chat prompts, at most ``limit`` per
-    subtask; ``subtasks`` picks among the subtasks of both sources."""
-    prompts = _source(config.code, False, config.subtasks, config.limit) + _source(
-        config.data, True, config.subtasks, config.limit
+    """The prompts of a run: the code prompts, the chat prompts, then the edit tasks, at most
+    ``limit`` per subtask; ``subtasks`` picks among the subtasks of all three sources."""
+    prompts = (
+        _source(config.code, False, config.subtasks, config.limit)
+        + _source(config.data, True, config.subtasks, config.limit)
+        + _edit_source(config.edit, config.subtasks, config.limit)
     )
     missing = [s for s in config.subtasks or () if s not in {p.subtask for p in prompts}]
     if missing:
-        raise LoadError(f"unknown subtask(s) {', '.join(missing)} in --code and --data")
+        raise LoadError(f"unknown subtask(s) {', '.join(missing)} in --code, --data and --edit")
     if not prompts:
         raise LoadError("no prompts selected")
     if len({p.id for p in prompts}) != len(prompts):
-        # The two sources may use the same ids: keep them apart by kind.
-        prompts = [LoadPrompt(f"{'chat' if p.chat else 'code'}:{p.id}", p.subtask, p.text, p.chat) for p in prompts]
+        # The sources may use the same ids: keep them apart by kind.
+        prompts = [replace(p, id=f"{p.kind}:{p.id}") for p in prompts]
     return prompts

@@ -12,7 +12,7 @@ from typing import Any
 
 from draftwise.bench.audit import NEAR_TIE
 from draftwise.cpu import kernel_flags
-from draftwise.loadbench.config import LoadConfig
+from draftwise.loadbench.config import LoadConfig, sends_prediction
 from draftwise.loadbench.prompts import LoadPrompt
 
 CONFIG = "config.json"
@@ -77,18 +77,25 @@ def _identical(row: dict[str, Any]) -> str:
     return f"{row['identical_to_alone']}/{row['compared_to_alone']}"
 
 
+def _count(value: int | None) -> str:
+    return "" if value is None else str(value)  # blank: the server reported no such count
+
+
 def rows_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = [
-        "| server | C | requests | errors | tokens | wall s | tok/s | request tok/s p50 | TTFT p50 s | TTFT p95 s "
-        "| latency p50 s | latency p95 s | identical to alone |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server | C | requests | errors | tokens | wall s | tok/s | request tok/s p50 | decode tok/s | TTFT p50 s "
+        "| TTFT p95 s | latency p50 s | latency p95 s | prediction accepted | prediction rejected "
+        "| identical to alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['requests']} | {r['errors']} | {r['completion_tokens']} "
             f"| {_fmt(r['wall_s'], '.1f')} | {_fmt(r['tok_s'], '.1f')} | {_fmt(r['request_tok_s_p50'], '.1f')} "
-            f"| {_fmt(r['ttft_p50_s'], '.3f')} | {_fmt(r['ttft_p95_s'], '.3f')} | {_fmt(r['latency_p50_s'], '.2f')} "
-            f"| {_fmt(r['latency_p95_s'], '.2f')} | {_identical(r)} |"
+            f"| {_fmt(r['decode_tok_s'], '.1f')} | {_fmt(r['ttft_p50_s'], '.3f')} | {_fmt(r['ttft_p95_s'], '.3f')} "
+            f"| {_fmt(r['latency_p50_s'], '.2f')} | {_fmt(r['latency_p95_s'], '.2f')} "
+            f"| {_count(r['accepted_prediction_tokens'])} | {_count(r['rejected_prediction_tokens'])} "
+            f"| {_identical(r)} |"
         )
     return lines
 
@@ -129,14 +136,22 @@ def mismatch_section(audits: Sequence[dict[str, Any]] | None, compared: int) -> 
 METHOD = """Each server runs as a child process on 127.0.0.1 (one start per server and concurrency C,
 with C slots), gets one untimed warm-up request, then C streaming clients share the prompt list:
 each client sends the next unsent prompt as soon as its previous answer has ended, until every
-prompt was sent once. Code prompts go raw to `/v1/completions`, chat prompts as one user message
-to `/v1/chat/completions`; greedy (temperature 0), the same `max_tokens`, no `ignore_eos` (draftwise's
-API has none), so an answer may end early at the model's end of turn.
+prompt was sent once. Code prompts go raw to `/v1/completions`, chat prompts and code-edit tasks as
+one user message to `/v1/chat/completions`; greedy (temperature 0), the same `max_tokens`, no
+`ignore_eos` (draftwise's API has none), so an answer may end early at the model's end of turn.
+A code-edit task's request carries its predicted answer (OpenAI's `prediction`: the file unchanged)
+to `draftwise` only; `draftwise-noprediction` is the same server asked without it, and llama-server
+gets none.
 
 - tok/s: the run's completion tokens (the servers' own `usage` counts) over its wall time, from the
   first request sent to the last stream ended.
 - request tok/s: one request's completion tokens over its latency (prefill included).
+- decode tok/s: the tokens after each request's first over the time after its first token, summed
+  over the run's requests (sum(tokens - 1) / sum(latency - TTFT)): the generation speed a stream
+  sees once it has started, prefill and queueing left out.
 - TTFT: to the first chunk that carries text; latency: to the end of the stream.
+- prediction accepted / rejected: the summed `usage.completion_tokens_details` counts of the answers
+  (blank where the server reported none).
 - identical to alone: the answer's text equals the same prompt's answer on the same server at C = 1.
   Where it differs, both texts are tokenized with the target's tokenizer and the target (loaded in
   the benchmark's process) gives its top-2 logit gap before the first differing token."""
@@ -145,6 +160,9 @@ API has none), so an answer may end early at the model's end of turn.
 def _header(config: LoadConfig, info: dict[str, Any], prompts: Sequence[LoadPrompt]) -> list[str]:
     m, v = info["machine"], info["versions"]
     by_subtask = ", ".join(f"{k} {n}" for k, n in subtask_counts(prompts).items())
+    edits = sum(p.prediction is not None for p in prompts)
+    predicted = [s for s in config.servers if sends_prediction(s)]
+    edit_line = f"- code edits: {edits} from {config.edit}, with their prediction to {', '.join(predicted) or 'none'}"
     return [
         f"# draftwise load: {config.target} (draft: {config.draft_model or 'none'})",
         "",
@@ -156,6 +174,7 @@ def _header(config: LoadConfig, info: dict[str, Any], prompts: Sequence[LoadProm
         f"llama-server {v['llama-server'] or 'n/a'}",
         f"- threads {config.threads}, context {config.context} per slot, max_tokens {config.max_tokens}, greedy",
         f"- prompts: {len(prompts)} ({by_subtask}), each sent once per server and concurrency",
+        *([edit_line] if edits else []),
     ]
 
 

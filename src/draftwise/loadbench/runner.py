@@ -1,10 +1,10 @@
 """Running the load benchmark: every server at every concurrency, then the report.
 
 A run is one (server, C): the server started with C slots, one warm-up request, every prompt
-sent once by C clients. Its records (one per request, then one for the run) are written to
-``results.jsonl`` when it ends, so an interrupted benchmark keeps its finished runs and the
-same command later runs only the missing ones (a run cut short leaves requests without a run
-record, which are ignored).
+sent once by C clients (an edit task with its prediction where ``sends_prediction``). Its
+records (one per request, then one for the run) are written to ``results.jsonl`` when it ends,
+so an interrupted benchmark keeps its finished runs and the same command later runs only the
+missing ones (a run cut short leaves requests without a run record, which are ignored).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from draftwise.bench.store import ResultStore
 from draftwise.loadbench.client import Answer, run_level
-from draftwise.loadbench.config import LLAMA_SERVERS, LoadConfig, LoadError
+from draftwise.loadbench.config import LLAMA_SERVERS, LoadConfig, LoadError, sends_prediction
 from draftwise.loadbench.prompts import LoadPrompt, load_prompts
 from draftwise.loadbench.servers import Server, llama_server_version, running, served_model, server_for
 from draftwise.loadbench.stats import Run, RunKey, against_llama, alone_texts, finished_runs, mismatches, summarize
@@ -38,6 +38,8 @@ def request_record(answer: Answer, run: dict[str, Any]) -> dict[str, Any]:
         "prompt_id": p.id,
         "subtask": p.subtask,
         "chat": p.chat,
+        "edit": p.prediction is not None,
+        "predicted": p.prediction is not None and sends_prediction(run["server"]),  # sent with its prediction
         "start_s": answer.start_s,
         "status": answer.status,
         "ok": answer.ok,
@@ -45,6 +47,8 @@ def request_record(answer: Answer, run: dict[str, Any]) -> dict[str, Any]:
         "ttft_s": answer.ttft_s,
         "latency_s": answer.latency_s,
         "completion_tokens": answer.completion_tokens,
+        "accepted_prediction_tokens": answer.accepted_prediction_tokens,
+        "rejected_prediction_tokens": answer.rejected_prediction_tokens,
         "finish_reason": answer.finish_reason,
         "text": answer.text,
     }
@@ -100,7 +104,8 @@ class LoadBench:
     def _warm_up(self, base: str, model: str, name: str) -> None:
         """One short untimed request; a server that cannot answer it stops the benchmark."""
         tokens = min(WARMUP_TOKENS, self.config.max_tokens)
-        answers, _ = run_level(base, model, self.prompts[:1], 1, tokens, self.config.request_timeout)
+        timeout, predict = self.config.request_timeout, sends_prediction(name)
+        answers, _ = run_level(base, model, self.prompts[:1], 1, tokens, timeout, predict=predict)
         if not answers[0].ok:
             raise LoadError(f"{name} failed the warm-up request: {answers[0].error}")
 
@@ -111,7 +116,14 @@ class LoadBench:
             if config.warmup:
                 self._warm_up(base, model, name)
             answers, wall = run_level(
-                base, model, self.prompts, level, config.max_tokens, config.request_timeout, lambda a: advance()
+                base,
+                model,
+                self.prompts,
+                level,
+                config.max_tokens,
+                config.request_timeout,
+                lambda a: advance(),
+                predict=sends_prediction(name),
             )
         failed = [a for a in answers if not a.ok]
         if len(failed) == len(answers):  # nothing measured: say why rather than store it

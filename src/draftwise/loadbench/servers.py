@@ -5,10 +5,14 @@ stop reaches whatever it started), with its output in a log file; it counts as r
 ``/health`` answers 200 (llama-server answers 503 while it loads its model).
 
 * ``draftwise``: ``draftwise serve --slots C``: C generations whose forward passes share one
-  llama.cpp batch.
+  llama.cpp batch. ``draftwise-noprediction`` is the same server, asked without the edit
+  tasks' predictions.
 * ``llama-server``: llama.cpp's own server on the same GGUF file, ``-np C`` slots, each with
   the same context as a draftwise slot (``-c`` is the total).
 * ``llama-server-spec``: the same with its own speculation, ``-md DRAFT --spec-type draft-simple``.
+* ``llama-server-ngram-simple`` / ``llama-server-ngram-mod``: the same with its draft-model-free
+  speculation, ``--spec-type ngram-simple`` / ``ngram-mod`` (n-grams of the prompt and the
+  output so far), at llama.cpp's own settings for them.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftwise.loadbench.config import LoadConfig, LoadError
+from draftwise.loadbench.config import DRAFTWISE_SERVERS, LLAMA_SERVERS, LoadConfig, LoadError
 
 HOST = "127.0.0.1"
 CLI = [sys.executable, "-c", "from draftwise.cli import main; main()"]
@@ -76,8 +80,9 @@ def llama_server_binary(config: LoadConfig) -> Path:
     return binary
 
 
-def draftwise_server(config: LoadConfig, slots: int) -> Server:
-    """``draftwise serve`` with ``slots`` slots, the run's models, threads and context."""
+def draftwise_server(config: LoadConfig, slots: int, name: str = "draftwise") -> Server:
+    """``draftwise serve`` with ``slots`` slots, the run's models, threads and context (``name``:
+    draftwise or draftwise-noprediction, the same server whose clients send no prediction)."""
     argv = [*CLI, "serve", "--target", config.target, "--slots", str(slots), "--queue-size", str(slots)]
     argv += ["--threads", str(config.threads), "--context", str(config.context)]
     argv += ["--timeout", f"{config.request_timeout:g}"]
@@ -90,30 +95,47 @@ def draftwise_server(config: LoadConfig, slots: int) -> Server:
         # checks these against serve's flags); spelt here so this layer does not import the CLI.
         flag = name.replace("_", "-")
         argv += [f"--{flag}" if value else f"--no-{flag}"] if isinstance(value, bool) else [f"--{flag}", str(value)]
-    return Server("draftwise", tuple(argv), config.target)
+    return Server(name, tuple(argv), config.target)
 
 
-def llama_server(config: LoadConfig, slots: int, spec: bool) -> Server:
-    """llama-server with ``slots`` slots of ``config.context`` positions each; with ``spec``,
-    drafting with the draft model's GGUF file."""
+def draft_model_args(config: LoadConfig) -> list[str]:
+    """llama-server-spec's speculation: the draft model's GGUF file, drafting as draftwise's
+    defaults do unless told (``--spec-draft-*``)."""
+    draft = config.draft_model
+    if draft is None:
+        raise LoadError("llama-server-spec needs a draft model (--draft)")
+    threads = str(config.threads)
+    argv = ["-md", str(gguf(draft, "draft")), "--spec-type", "draft-simple"]
+    argv += ["--spec-draft-n-max", str(config.spec_draft_n_max), "--spec-draft-n-min", str(config.spec_draft_n_min)]
+    return argv + ["--spec-draft-p-min", str(config.spec_draft_p_min), "-td", threads, "-tbd", threads]
+
+
+def speculation_args(config: LoadConfig, name: str) -> list[str]:
+    """The speculation flags of llama-server configuration ``name``: none, a draft model, or
+    llama.cpp's n-gram drafting (``--spec-type ngram-simple`` / ``ngram-mod``, its defaults)."""
+    if name == "llama-server":
+        return []
+    if name == "llama-server-spec":
+        return draft_model_args(config)
+    if name in ("llama-server-ngram-simple", "llama-server-ngram-mod"):
+        return ["--spec-type", name.removeprefix("llama-server-")]
+    raise LoadError(f"unknown llama-server configuration {name}")
+
+
+def llama_server(config: LoadConfig, slots: int, name: str = "llama-server") -> Server:
+    """llama-server with ``slots`` slots of ``config.context`` positions each, speculating as
+    configuration ``name`` says (``speculation_args``)."""
     threads = str(config.threads)
     argv = [str(llama_server_binary(config)), "-m", str(gguf(config.target, "target"))]
     argv += ["-t", threads, "-tb", threads, "-np", str(slots), "-c", str(config.context * slots)]
-    if spec:
-        draft = config.draft_model
-        if draft is None:
-            raise LoadError("llama-server-spec needs a draft model (--draft)")
-        argv += ["-md", str(gguf(draft, "draft")), "--spec-type", "draft-simple"]
-        argv += ["--spec-draft-n-max", str(config.spec_draft_n_max), "--spec-draft-n-min", str(config.spec_draft_n_min)]
-        argv += ["--spec-draft-p-min", str(config.spec_draft_p_min), "-td", threads, "-tbd", threads]
-    return Server("llama-server-spec" if spec else "llama-server", tuple(argv), config.target)
+    return Server(name, tuple(argv + speculation_args(config, name)), config.target)
 
 
 def server_for(name: str, config: LoadConfig, slots: int) -> Server:
-    if name == "draftwise":
-        return draftwise_server(config, slots)
-    if name in ("llama-server", "llama-server-spec"):
-        return llama_server(config, slots, spec=name == "llama-server-spec")
+    if name in DRAFTWISE_SERVERS:
+        return draftwise_server(config, slots, name)
+    if name in LLAMA_SERVERS:
+        return llama_server(config, slots, name)
     raise LoadError(f"unknown server {name}")
 
 

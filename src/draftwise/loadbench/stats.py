@@ -2,9 +2,12 @@
 
 Per (server, C): aggregate tokens/s (every completion token of the run over the run's wall
 time, from the first request sent to the last stream ended), the median of each request's
-own tokens/s (its completion tokens over its latency), time to first token and latency at
-p50 and p95, and how many answers are identical to the same request run alone (C = 1 on the
-same server). Percentiles interpolate linearly between the nearest ranks.
+own tokens/s (its completion tokens over its latency), decode-phase tokens/s (the tokens
+after each request's first over the time after its first token, summed over the requests:
+prefill and queueing left out), time to first token and latency at p50 and p95, the
+prediction tokens the server accepted and rejected (summed from each answer's usage, where
+it reports them), and how many answers are identical to the same request run alone (C = 1 on
+the same server). Percentiles interpolate linearly between the nearest ranks.
 """
 
 from __future__ import annotations
@@ -77,6 +80,21 @@ def alone_texts(runs: dict[RunKey, Run], server: str) -> dict[str, str] | None:
     return {r["prompt_id"]: r["text"] for r in alone.requests if r["ok"]}
 
 
+def decode_tok_s(requests: Sequence[Record], tokens: Sequence[int]) -> float | None:
+    """``sum(tokens - 1) / sum(latency - ttft)`` over the requests that streamed a token
+    (``tokens[i]``: request i's completion tokens); None where that time is 0."""
+    phases = [(n - 1, r["latency_s"] - r["ttft_s"]) for n, r in zip(tokens, requests) if r["ttft_s"] is not None and n]
+    seconds = sum(s for _, s in phases)
+    return sum(n for n, _ in phases) / seconds if seconds > 0 else None
+
+
+def prediction_tokens(requests: Iterable[Record], field: str) -> int | None:
+    """The sum of a usage count of the prediction (``accepted_prediction_tokens`` or
+    ``rejected_prediction_tokens``) over the requests; None where no answer reported it."""
+    counts = [int(r[field]) for r in requests if r.get(field) is not None]
+    return sum(counts) if counts else None
+
+
 def summarize(run: Run, alone: dict[str, str] | None, count: Count | None = None) -> dict[str, Any]:
     """One row of the report: the numbers of one (server, C)."""
     ok = [r for r in run.requests if r["ok"]]
@@ -98,10 +116,13 @@ def summarize(run: Run, alone: dict[str, str] | None, count: Count | None = None
         "wall_s": wall,
         "tok_s": sum(tokens) / wall if wall > 0 else None,
         "request_tok_s_p50": percentile(rates, 50),
+        "decode_tok_s": decode_tok_s(ok, tokens),
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p95_s": percentile(ttft, 95),
         "latency_p50_s": percentile(latency, 50),
         "latency_p95_s": percentile(latency, 95),
+        "accepted_prediction_tokens": prediction_tokens(ok, "accepted_prediction_tokens"),
+        "rejected_prediction_tokens": prediction_tokens(ok, "rejected_prediction_tokens"),
         "compared_to_alone": compared,
         "identical_to_alone": identical,
     }
