@@ -223,3 +223,22 @@ def test_hybrid_looks_up_repeats_of_three_tokens_and_asks_the_model_otherwise():
     assert _hybrid([1, 2, 3, 4, 8, 2, 3], 3) == ([7, 7, 7], 1)  # only "2 3" repeats: too short
     assert _hybrid([5, 5, 5, 5], 3) == ([7, 7, 7], 1)  # the match is continued by one token only
     assert _hybrid([5, 5, 5, 5], 1) == ([7], 1)  # ... too little to displace the model, whatever k
+
+
+def test_ngram_keeps_copying_the_passage_it_copies():
+    drafter = NGramDrafter()
+    passage = [10, 11, 12, 13, 20, 21, 12, 13, 99]
+    config = GenerationConfig(draft=DraftConfig(ngram_max=2, ngram_min=1))
+    drafter.start(passage, config, None)
+    context = passage + [10, 11]
+    assert drafter.propose(context, 2).tokens.tolist() == [12, 13]
+    # Both were written: the copy goes on at 20, though "12 13" last occurred before 99.
+    context += [12, 13]
+    assert drafter.propose(context, 2).tokens.tolist() == [20, 21]
+    # A fresh lookup (no copy in progress) takes the latest occurrence.
+    fresh = NGramDrafter()
+    fresh.start(context, config, None)
+    assert fresh.propose(context, 1).tokens.tolist() == [99]
+    # Where the context leaves the passage, the lookup starts over.
+    context += [77, 12, 13]
+    assert drafter.propose(context, 1).tokens.tolist() == [77]  # the latest "12 13" now

@@ -37,10 +37,19 @@ def draft_text(drafter: PredictionDrafter, context: list[int], k: int) -> str:
 def test_it_drafts_the_prediction_from_the_start_and_follows_the_output():
     drafter, prompt = drafter_for("Rename area to disc_area.\n", PREDICTED)
     offer = drafter.offers(prompt)[0]
-    assert (offer.source, offer.limit, offer.grounded, offer.cost_hint) == (PREDICTION, len(PREDICTED), True, 0.0)
+    # Not followed yet: its acceptance is kept apart, and it drafts no long blocks.
+    assert (offer.source, offer.limit, offer.key, offer.grounded) == (
+        PREDICTION,
+        len(PREDICTED),
+        "prediction:found",
+        False,
+    )
+    assert offer.cost_hint == 0.0
     assert draft_text(drafter, prompt, 8) == "def area"
     context = prompt + drafter.tokenizer.encode("def ar", add_special_tokens=False)
     assert draft_text(drafter, context, 6) == "ea(rad"
+    offer = drafter.offers(context)[0]  # followed: grounded
+    assert (offer.key, offer.grounded, offer.limit) == (PREDICTION, True, len(PREDICTED) - 6)
     assert drafter.propose(context, 3).probs is None  # a point mass
 
 
@@ -207,3 +216,24 @@ def test_the_other_drafter_drafts_only_where_the_output_left_the_prediction():
     off = prompt + tok.encode("xyz", add_special_tokens=False)  # not in the prediction; "xyz" repeats
     assert [o.source for o in both.offers(off)] == ["ngram"]
     assert both.propose(off, 2, "ngram").tokens.tolist() == tok.encode(" x", add_special_tokens=False)
+
+
+def test_a_rename_is_carried_through_the_rest_of_the_prediction():
+    tok = tiny_tokenizer()
+    drafter, prompt = drafter_for("edit:\n", PREDICTED, tok)
+    # The output replaces "area" by "zone", then is back on the prediction at "(ra".
+    context = prompt + tok.encode("def zone(ra", add_special_tokens=False)
+    assert draft_text(drafter, context, 4) == "dius"
+    # The later use is drafted with the new name, not the old.
+    context = prompt + tok.encode(
+        PREDICTED.replace("area", "zone").split("print(")[0] + "print(", add_special_tokens=False
+    )
+    assert draft_text(drafter, context, 10) == "zone(2.0))"
+
+
+def test_an_edit_that_is_not_a_rename_is_not_carried():
+    tok = tiny_tokenizer()
+    text = "x = 64\ny = f(64)\nz = 64\n"
+    drafter, prompt = drafter_for(">", text, tok)
+    context = prompt + tok.encode("x = 32\ny = f(", add_special_tokens=False)  # a changed number
+    assert draft_text(drafter, context, 3) == "64)"

@@ -78,3 +78,31 @@ def test_remote_verifier_gives_the_local_greedy_text(tmp_path, backend):
     assert remote.returncode == 0, remote.stderr
     assert json.loads(remote.stdout)["tokens"] == json.loads(local.stdout)["tokens"]
     assert json.loads(remote.stdout)["text"] == json.loads(local.stdout)["text"]
+
+
+@needs_llama_cpp
+def test_a_prediction_drafts_locally_and_through_a_verifier(tmp_path):
+    """generate --prediction on the real model: the plain text as the prediction is drafted in
+    long blocks, and the output is still plain decoding's (--exact: bit for bit), here and
+    with the target behind a verifier."""
+    greedy = ["--backend", "llamacpp", "--exact", "--drafter", "ngram", "--json", *GREEDY[2:], "--max-new-tokens", "64"]
+    plain = run_cli("generate", PROMPT, "--target", SMOL, *greedy, "--k-policy", "fixed", "--k", "0")
+    assert plain.returncode == 0, plain.stderr
+    expected = json.loads(plain.stdout)
+    prediction = tmp_path / "prediction.txt"
+    prediction.write_text(expected["text"])
+    local = run_cli("generate", PROMPT, "--target", SMOL, *greedy, "--prediction", str(prediction), "--compare")
+    assert local.returncode == 0, local.stderr
+    result = json.loads(local.stdout)
+    assert result["tokens"] == expected["tokens"] and result["compare"]["identical"]
+    assert result["metrics"]["kept_by_source"]["prediction"] >= 32
+    args = ["serve-verifier", "--target", SMOL, "--threads", "2", "--backend", "llamacpp", "--exact"]
+    with cli_server(args, "/health", tmp_path / "verifier.log") as (url, _process):
+        remote = run_cli(
+            "generate", PROMPT, "--target", SMOL, *greedy, "--prediction", str(prediction), "--verifier", url
+        )
+    assert remote.returncode == 0, remote.stderr
+    assert json.loads(remote.stdout)["tokens"] == expected["tokens"]
+    missing = run_cli("generate", PROMPT, "--target", SMOL, "--prediction", str(tmp_path / "nowhere.txt"))
+    assert missing.returncode == 2 and "cannot read prediction file" in missing.stderr
+    assert "Traceback" not in missing.stderr

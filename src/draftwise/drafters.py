@@ -171,13 +171,13 @@ class NGramDrafter:
     position 1, followed by ``c x a ...``, so ``[c, x, a]`` is proposed for k = 3.
     """
 
-    GROUNDED = 3  # a match this long or longer may draft long blocks
-
     def __init__(self, min_n: int = 1) -> None:
         self.min_n = min_n  # floor under the config's ngram_min
         self._config = GenerationConfig()
         self._index: dict[int, dict[tuple[int, ...], int]] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
+        self._copy: tuple[int, int] | None = None  # (match end, context length) of the last lookup
+        self.copying = False  # whether the last lookup went on with the match before it
 
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         self._config = config
@@ -186,6 +186,7 @@ class NGramDrafter:
             n: {} for n in range(min(max(draft.ngram_min, self.min_n), draft.ngram_max), draft.ngram_max + 1)
         }
         self._indexed = 0
+        self._copy = None
 
     def _extend_index(self, context: Sequence[int]) -> None:
         # The n-grams ending at the last position are left out: the suffix must match an
@@ -198,25 +199,52 @@ class NGramDrafter:
 
     def lookup(self, context: Sequence[int]) -> tuple[int, int]:
         """(n, end): the longest matched suffix length and where its earlier occurrence
-        ended; (0, -1) without a match."""
+        ended; (0, -1) without a match.
+
+        A copy in progress wins: where the tokens committed since the last lookup are the
+        ones that followed its match, the match goes on from there (its length counts as the
+        longest), whichever occurrence of the last ``n`` tokens is the latest. A context that
+        copies a long passage (a file being edited, a quote) then keeps copying the same
+        place rather than jumping to a later repeat of its last few tokens.
+        """
         if not context:
             return 0, -1
         self._extend_index(context)
+        copied = self._copy_goes_on(context)
+        self.copying = copied >= 0
+        if self.copying:
+            self._copy = (copied, len(context))
+            return max(self._index), copied
         for n in sorted(self._index, reverse=True):
             if n <= len(context):
                 end = self._index[n].get(tuple(context[len(context) - n :]))
                 if end is not None:
+                    self._copy = (end, len(context))
                     return n, end
+        self._copy = None
         return 0, -1
+
+    def _copy_goes_on(self, context: Sequence[int]) -> int:
+        """Where the last match ends now, if the context went on as it did there; else -1."""
+        if self._copy is None:
+            return -1
+        end, length = self._copy
+        grown = len(context) - length
+        if grown < 0 or end + grown >= len(context) - 1:
+            return -1
+        if list(context[end + 1 : end + 1 + grown]) != list(context[length : length + grown]):
+            return -1
+        return end + grown
 
     def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
         n, end = self.lookup(context)
         if n == 0:
             return ()
-        # Statistics per match length: 1, 2, 3 and longer; a match of 3 or more is grounded
-        # (a copy of the context: a quote, a file being edited).
-        key = f"{NGRAM}:{min(n, self.GROUNDED)}"
-        return (Offer(NGRAM, limit=len(context) - end - 1, key=key, cost_hint=0.0, grounded=n >= self.GROUNDED),)
+        # Statistics per match length (1, 2, 3 and longer), and apart for a copy in progress
+        # (a match the context went on following): only that one is grounded, a passage
+        # being copied (a quote, a file being edited) that may earn long blocks.
+        key = f"{NGRAM}:copy" if self.copying else f"{NGRAM}:{min(n, 3)}"
+        return (Offer(NGRAM, limit=len(context) - end - 1, key=key, cost_hint=0.0, grounded=self.copying),)
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
         if k <= 0:

@@ -18,6 +18,11 @@ finds its place again:
    committed tokens (``proposal_ids``, or alone where it would merge into them) and proposed
    first.
 
+A rename is carried through the rest: where the span the output replaced, widened to the
+word around it, was a name and became another (``_glob0`` -> ``_glob_literal``), the rest of
+the prediction is rewritten with the new name before drafting goes on, so its later uses are
+drafted right instead of rejected one by one.
+
 Example: prediction ``def area(r):\\n    return 3.14 * r * r\\n``, instruction "rename area to
 disc_area". The output writes ``def`` (on the prediction), then `` disc`` (off it: no offer
 while the last tokens occur nowhere in the prediction); once it has written ``_area(r):`` the
@@ -27,6 +32,7 @@ last three tokens ``_area`` ``(r`` ``):`` occur in the prediction, and drafting 
 
 from __future__ import annotations
 
+import re
 from array import array
 from collections.abc import Sequence
 
@@ -36,7 +42,7 @@ from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, Sources
 from draftwise.lm import Tokenizer
 from draftwise.policies import Offer
-from draftwise.retokenize import TokenText, proposal_ids
+from draftwise.retokenize import TokenText, added_text, proposal_ids
 from draftwise.verify import Verdict
 
 PREDICTION = "prediction"
@@ -64,6 +70,11 @@ def _find(haystack: bytes, needle: bytes, start: int) -> int:
     return at // 4 if at >= 0 else -1
 
 
+_NAME = re.compile(r"[^\W\d]\w+")  # a name a rename is carried for: two or more word characters
+_WORD_END = re.compile(r"\w+$")
+_WORD_START = re.compile(r"\w+")
+
+
 def _ids_bytes(ids: Sequence[int]) -> bytes:
     return array("I", ids).tobytes()
 
@@ -77,6 +88,7 @@ class PredictionDrafter:
     MAX_TOKENS = 8
     MIN_CHARS = 12  # by text, at least this many characters
     MAX_CHARS = 48
+    MAX_EDIT = 8  # a rename is carried through the rest when it replaced at most this many tokens by as many
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -84,11 +96,7 @@ class PredictionDrafter:
 
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         text = config.prediction or ""
-        self.ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False, parse_special=False) if text else []
-        self._bytes = _ids_bytes(self.ids)
-        # The text as its ids read back (what the output's text is compared with).
-        self.text, self._offsets = token_offsets(self.tokenizer, self.ids) if self.ids else ("", {})
-        self._boundaries = sorted(self._offsets)
+        self._load(self.tokenizer.encode(text, add_special_tokens=False, parse_special=False) if text else [])
         self.prompt_len = len(prompt)
         self.read = TokenText(self.tokenizer)
         self.read.reset(prompt)
@@ -96,54 +104,107 @@ class PredictionDrafter:
         self.bridge: list[int] = []  # re-encoded ids proposed before ids[pos:] (a resync inside a token)
         self.pos: int | None = 0 if self.ids else None  # next prediction token; None: lost
         self._hint = 0  # where the last alignment was: searches look forward from here first
+        self._left: tuple[int, int] | None = None  # (prediction token, context position) where the output left it
+        self._confirmed = False  # whether the output followed the prediction since it last found its place
         self.seen = len(prompt)  # the context length the alignment is for
+
+    def _load(self, ids: list[int]) -> None:
+        """Take ``ids`` as the prediction's tokens (and the text they read as)."""
+        self.ids = ids
+        self._bytes = _ids_bytes(ids)
+        # The text as its ids read back (what the output's text is compared with).
+        self.text, self._offsets = token_offsets(self.tokenizer, ids) if ids else ("", {})
+        self._boundaries = sorted(self._offsets)
 
     @property
     def left(self) -> int:
         """Prediction tokens ahead of the output (0 while lost)."""
         return 0 if self.pos is None else len(self.bridge) + len(self.ids) - self.pos
 
-    def _advance(self, new: Sequence[int]) -> bool:
-        """Move along the prediction over committed tokens ``new``; False where they leave it."""
-        for token in new:
+    def _advance(self, new: Sequence[int]) -> int:
+        """Move along the prediction over committed tokens ``new``; how many of them it
+        followed (fewer than all where the output left it)."""
+        for done, token in enumerate(new):
             if self.bridge:
                 if self.bridge[0] != token:
-                    return False
+                    return done
                 self.bridge.pop(0)
             elif self.pos is not None and self.pos < len(self.ids) and self.ids[self.pos] == token:
                 self.pos += 1
             else:
-                return False
-        return True
+                return done
+        return len(new)
 
     def _follow(self, context: Sequence[int]) -> None:
-        """Bring the alignment up to ``context`` (step 1: advance; step 2: resync if it left)."""
+        """Bring the alignment up to ``context``: 1. advance along the prediction; 2. where the
+        output leaves it, note where; 3. resync, and carry the edit it saw through the rest."""
         if len(context) == self.seen or not self.ids:
             return
         self.read.follow(context)
-        ahead = len(context) > self.seen and self.pos is not None
-        if not (ahead and self._advance(context[self.seen :])):
-            if self.pos is not None:
-                self._hint = self.pos
-            self.bridge, self.pos = [], None
-            self._resync(context)
+        if self.pos is not None:
+            new = context[self.seen :]
+            followed = self._advance(new)
+            self._confirmed = self._confirmed or followed > 0
+            if followed == len(new) > 0:
+                self.seen = len(context)
+                return
+            # The output left the prediction at its token ``pos``, at context position seen + followed.
+            self._left = None if self.bridge else (self.pos, self.seen + followed)
+            self._hint = self.pos
+        self.bridge, self.pos, self._confirmed = [], None, False
+        self._resync(context)
         self.seen = len(context)
 
     def _resync(self, context: Sequence[int]) -> None:
-        if not self._resync_tokens(context[self.prompt_len :]):
+        matched = self._resync_tokens(context[self.prompt_len :])
+        if matched:
+            self._propagate(context, matched)
+        else:
             self._resync_text(context)
         if self.pos is not None:
             self._hint = self.pos
 
-    def _resync_tokens(self, output: Sequence[int]) -> bool:
+    def _resync_tokens(self, output: Sequence[int]) -> int:
+        """Align after the last output tokens where they occur in the prediction; how many
+        matched (0: none)."""
         for m in range(min(self.MAX_TOKENS, len(output)), self.MIN_TOKENS - 1, -1):
             tail = _ids_bytes(output[-m:])
             at = _find(self._bytes, tail, self._hint)
             at = at if at >= 0 else _find(self._bytes, tail, 0)
             if at >= 0:
                 self.pos = at + m
-                return True
-        return False
+                return m
+        return 0
+
+    def _propagate(self, context: Sequence[int], matched: int) -> None:
+        """Carry a rename the output just made through the rest of the prediction: where the
+        span it replaced, widened to the word it sits in, is a name (``_glob0``) and so is what
+        replaced it (``_glob_literal``), every later whole-word occurrence of the old name is
+        replaced too, and the rest is encoded again."""
+        left, self._left = self._left, None
+        if left is None or self.pos is None:
+            return
+        (p0, o0), p1, o1 = left, self.pos - matched, len(context) - matched
+        starts = {index: offset for offset, index in self._offsets.items()}
+        if not (p0 < p1 <= p0 + self.MAX_EDIT and o1 - o0 <= self.MAX_EDIT and p0 in starts and p1 in starts):
+            return
+        written = added_text(self.tokenizer, context[max(self.prompt_len, o0 - 2) : o0], context[o0:o1])
+        if written is None:
+            return
+        s0, s1 = starts[p0], starts[p1]
+        before = _WORD_END.search(self.text[:s0])
+        after = _WORD_START.match(self.text, s1)
+        head, tail = before.group() if before else "", after.group() if after else ""
+        old, new = head + self.text[s0:s1] + tail, head + written + tail
+        if old == new or not (_NAME.fullmatch(old) and _NAME.fullmatch(new)):
+            return
+        rest = self.text[starts[self.pos] :] if self.pos in starts else None
+        if rest is None:
+            return
+        renamed = re.sub(rf"(?<!\w){re.escape(old)}(?!\w)", new, rest)
+        if renamed != rest:
+            ids = self.tokenizer.encode(renamed, add_special_tokens=False, parse_special=False)
+            self._load(self.ids[: self.pos] + ids)
 
     def _resync_text(self, context: Sequence[int]) -> bool:
         output = self.read.text[self._prompt_chars :]
@@ -180,6 +241,10 @@ class PredictionDrafter:
         self._follow(context)
         if not self.left:
             return ()
+        # Acceptance is kept apart for a place just found (a guess the output has not
+        # followed yet), whose blocks stay short, and a place the output follows, grounded.
+        if not self._confirmed:
+            return (Offer(PREDICTION, limit=self.left, key=f"{PREDICTION}:found", cost_hint=0.0),)
         return (Offer(PREDICTION, limit=self.left, key=PREDICTION, cost_hint=0.0, grounded=True),)
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:

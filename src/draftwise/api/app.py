@@ -311,6 +311,7 @@ class _Service:
                 f"this model's maximum context length is {limit} tokens, and a prompt of {size} "
                 f"bytes holds more (no token of this model is longer than {self.token_bytes_max} bytes)",
             )
+
         def prompt_and_prediction(limit: int | None) -> list[int]:
             prompt = work(limit)
             check_prediction(request, self.tokenizer, len(prompt), limit, self.token_bytes_max)
