@@ -28,8 +28,9 @@ def run(task: dict, folder: Path) -> dict:
     prompt, prediction = folder / "prompt.txt", folder / "prediction.txt"
     prompt.write_text(task["turns"][0])
     prediction.write_text(task["prediction"])
+    beside = Path(sys.executable).with_name("draftwise")  # the virtual environment's command, if run from it
     command = [
-        "draftwise", "generate", "--target", "qwen2.5-coder-1.5b", "--drafter", "ngram", "--exact", "--chat",
+        str(beside) if beside.exists() else "draftwise", "generate", "--target", "qwen2.5-coder-1.5b", "--drafter", "ngram", "--exact", "--chat",
         "--file", str(prompt), "--prediction", str(prediction), "--compare", "--json",
         "--max-new-tokens", "1024", "--temperature", "0",
     ]  # fmt: skip

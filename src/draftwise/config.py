@@ -130,7 +130,7 @@ class DraftConfig(_Strict):
         48,
         ge=1,
         le=64,
-        description="cost policy: largest block of a grounded source (a prediction, a long n-gram match), "
+        description="cost policy: largest block of a grounded source (a prediction, an n-gram copy in progress), "
         "reached only after the source was right as many tokens in a row as half the block; below k_max, k_max",
     )
     confidence_threshold: float = Field(

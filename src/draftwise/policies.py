@@ -27,7 +27,7 @@ class Offer:
     keep one per match length: a 3-token match is right far more often than a 1-token one).
     ``cost_hint`` guesses a draft token's cost as a share of one plain target pass, until
     the source's own cost is measured. A ``grounded`` source copies text the output is
-    expected to follow (a prediction, a long n-gram match): the cost policy may give it
+    expected to follow (a prediction, an n-gram copy in progress): the cost policy may give it
     blocks past ``k_max`` once it has been right long enough (``CostAwareK``).
     """
 
@@ -288,7 +288,7 @@ class CostAwareK:
     measured curve each row adds its slope, and drafting pays only at an acceptance no
     stream reaches, so it stops.
 
-    **Long blocks.** A grounded offer (a prediction, a long n-gram match, see ``Offer``) may
+    **Long blocks.** A grounded offer (a prediction, an n-gram copy in progress, see ``Offer``) may
     draft past ``k_max``, up to ``k_long``, but no more than ``GROWTH`` times its current run:
     the tokens it got accepted in a row since its last rejection. That bounds the waste of a
     long block that fails early: it can cost at most the rows of a pass ``GROWTH`` times as

@@ -61,13 +61,17 @@ class _WholeText(TokenText):
     WINDOW = 1 << 62  # every cut is kept: a prediction is read once, whole
 
 
+_WIDTH = array("I").itemsize  # bytes per id in ``_ids_bytes``
+
+
 def _find(haystack: bytes, needle: bytes, start: int) -> int:
     """The first token index at or after token ``start`` where the token run ``needle`` occurs
-    in the token run ``haystack`` (both 4-byte ids), or -1."""
-    at = haystack.find(needle, 4 * start)
-    while at >= 0 and at % 4:
+    in the token run ``haystack`` (both from ``_ids_bytes``), or -1: a byte search, kept to
+    matches that start on an id."""
+    at = haystack.find(needle, _WIDTH * start)
+    while at >= 0 and at % _WIDTH:
         at = haystack.find(needle, at + 1)
-    return at // 4 if at >= 0 else -1
+    return at // _WIDTH if at >= 0 else -1
 
 
 _NAME = re.compile(r"[^\W\d]\w+")  # a name a rename is carried for: two or more word characters
