@@ -118,6 +118,7 @@ class PredictionDrafter:
         self._bytes = _ids_bytes(ids)
         # The text as its ids read back (what the output's text is compared with).
         self.text, self._offsets = token_offsets(self.tokenizer, ids) if ids else ("", {})
+        self._starts = {index: offset for offset, index in self._offsets.items()}  # the same, token -> offset
         self._boundaries = sorted(self._offsets)
 
     @property
@@ -189,7 +190,7 @@ class PredictionDrafter:
         if left is None or self.pos is None:
             return
         (p0, o0), p1, o1 = left, self.pos - matched, len(context) - matched
-        starts = {index: offset for offset, index in self._offsets.items()}
+        starts = self._starts
         if not (p0 < p1 <= p0 + self.MAX_EDIT and o1 - o0 <= self.MAX_EDIT and p0 in starts and p1 in starts):
             return
         written = added_text(self.tokenizer, context[max(self.prompt_len, o0 - 2) : o0], context[o0:o1])
@@ -212,7 +213,7 @@ class PredictionDrafter:
 
     def _resync_text(self, context: Sequence[int]) -> bool:
         output = self.read.text[self._prompt_chars :]
-        hint = next((offset for offset, index in self._offsets.items() if index == self._hint), 0)
+        hint = self._starts.get(self._hint, 0)
         for size in (self.MAX_CHARS, 2 * self.MIN_CHARS, self.MIN_CHARS):
             if len(output) < size:
                 continue
