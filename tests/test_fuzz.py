@@ -57,6 +57,9 @@ CONTEXT = 64  # both servers' max_context: every generation and session stays sm
 # negative_data_rejection: pydantic's lax mode accepts a few values a JSON type forbids
 # (false for an integer is 0); such a request is answered as its coerced value would be.
 NOT_CHECKED = "positive_data_acceptance,negative_data_rejection"
+# schemathesis reads 20 events of a stream by default and cuts the rest; every stream here
+# (at most CONTEXT tokens) is read whole, so ``complete_stream`` sees its end.
+MAX_STREAM_EVENTS = 4 * CONTEXT
 HYPOTHESIS = settings(
     max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
 )
@@ -80,10 +83,14 @@ def verifier_url() -> Iterator[str]:
 
 def _schemathesis(url: str, workdir: Path) -> None:
     """``schemathesis run`` on ``url``'s document; fails with its report unless all passed."""
+    config = workdir / "schemathesis.toml"
+    config.write_text(f"max-stream-events = {MAX_STREAM_EVENTS}\n")
     command = [
         sys.executable,
         "-m",
         "schemathesis.cli",
+        "--config-file",
+        str(config),
         "run",
         f"{url}/openapi.json",
         "--checks",
