@@ -22,7 +22,7 @@ class ScriptedTarget:
     def start(self, prompt, config, generator, cancelled=None) -> None:
         self._prompt_len = len(prompt)
 
-    def verify(self, context, proposal: Proposal) -> Verification:
+    def verify(self, context, proposal: Proposal, mask=None) -> Verification:
         done = len(context) - self._prompt_len
         wanted = (self.script[done:] + [self.eos_token_ids[0]] * (len(proposal) + 1))[: len(proposal) + 1]
         logits = torch.full((len(wanted), 257), -10.0)

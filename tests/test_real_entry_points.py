@@ -106,3 +106,38 @@ def test_a_prediction_drafts_locally_and_through_a_verifier(tmp_path):
     missing = run_cli("generate", PROMPT, "--target", SMOL, "--prediction", str(tmp_path / "nowhere.txt"))
     assert missing.returncode == 2 and "cannot read prediction file" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+@needs_llama_cpp
+def test_a_json_schema_constrains_the_real_model_and_its_keys_are_drafted(tmp_path):
+    """generate --json-schema on the real model's own vocabulary: a record that follows the
+    schema, identical (--exact) to token-by-token constrained decoding, with the keys and
+    separators drafted from the grammar; a bad schema is one line, exit status 2."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "country": {"type": "string", "maxLength": 20},
+            "population_millions": {"type": "number"},
+            "capital": {"type": "boolean"},
+        },
+        "required": ["city", "country", "population_millions", "capital"],
+        "additionalProperties": False,
+    }
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    prompt = "Describe Paris as a JSON record."
+    greedy = ["--backend", "llamacpp", "--exact", "--drafter", "ngram", "--json", "--chat", "--temperature", "0"]
+    result = run_cli(
+        "generate", prompt, "--target", SMOL, *greedy, "--max-new-tokens", "96", "--json-schema", str(path), "--compare"
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["compare"]["identical"]
+    assert answer["metrics"]["finish_reason"] in ("eos", "stop")
+    record = json.loads(answer["text"])
+    assert set(record) == set(schema["properties"]) and isinstance(record["capital"], bool)
+    assert answer["metrics"]["kept_by_source"]["grammar"] >= 8  # the four keys, their quotes and colons
+    path.write_text('{"type": "objet"}')
+    bad = run_cli("generate", prompt, "--target", SMOL, "--json-schema", str(path))
+    assert bad.returncode == 2 and "invalid JSON schema" in bad.stderr and "Traceback" not in bad.stderr

@@ -46,7 +46,7 @@ class RefusesAfter:
     def start(self, prompt, config, generator, cancelled=None) -> None:
         self.target.start(prompt, config, generator, cancelled)
 
-    def verify(self, context, proposal) -> Verification:
+    def verify(self, context, proposal, mask=None) -> Verification:
         if self.steps == 0:
             raise TargetError("cannot reach the verifier at http://127.0.0.1:1: connection refused")
         self.steps -= 1

@@ -160,6 +160,17 @@ class DraftConfig(_Strict):
         return self
 
 
+GrammarKind = Literal["json_schema", "json_object", "lark", "gbnf", "regex"]
+
+
+class GrammarSpec(_Strict):
+    """A grammar the output must follow (``draftwise.grammar``): a JSON schema (as JSON
+    text), any JSON object, a Lark or GBNF grammar, or a regular expression."""
+
+    kind: GrammarKind
+    text: str = Field("", description="the schema, grammar or expression; unused for json_object")
+
+
 class GenerationConfig(_Strict):
     """One generation request: length, stops, sampling and drafting."""
 
@@ -175,6 +186,11 @@ class GenerationConfig(_Strict):
         None,
         description="the expected output, or most of it (OpenAI's Predicted Outputs: a file sent back with an "
         "edit); drafted from wherever the output follows it, verified like any draft",
+    )
+    grammar: GrammarSpec | None = Field(
+        None,
+        description="a grammar the output follows (structured output): every verified row is masked to what it "
+        "allows, and the text it forces is drafted for free",
     )
 
     @model_validator(mode="after")

@@ -17,6 +17,7 @@ from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, model_drafter, text_bridge
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
+from draftwise.grammar import Constrained, Constraint, Grammars
 from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.metrics import GenerationMetrics
 from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy
@@ -56,8 +57,10 @@ class _Run:
         eos_ids: tuple[int, ...],
         tokenizer: Tokenizer | None,
         policy: DraftPolicy,
+        constraint: Constraint | None = None,
     ) -> None:
         self.config = config
+        self.constraint = constraint
         self.context = list(prompt)
         self.prompt_len = len(prompt)
         self.eos_ids = set() if config.ignore_eos else set(config.eos_token_ids or eos_ids)
@@ -81,6 +84,10 @@ class _Run:
         offers = drafter.offers(self.context) if drafter is not None else ()
         choice = self.policy.choose(offers, self.remaining)
         return Choice(choice.offer, min(choice.k, self.remaining - 1)) if choice.k else PLAIN
+
+    def masks(self, proposal: Proposal) -> torch.Tensor | None:  # [k + 1, V] bool, or None: all allowed
+        """What the grammar allows at each row the verification of ``proposal`` scores."""
+        return self.constraint.masks(proposal.tokens.tolist()) if self.constraint is not None else None
 
     def truncate(self, tokens: list[int]) -> tuple[list[int], str, str | None]:
         """Cut a step's tokens at the first stop; return (kept tokens, new text, finish reason)."""
@@ -116,6 +123,8 @@ class _Run:
         sources = [TokenSource.ACCEPTED] * verdict.n_accepted + [verdict.next_source]
         self.context.extend(tokens)
         self.finished = reason is not None
+        if self.constraint is not None and not self.finished:
+            self.constraint.commit(tokens)
         if observe is not None and not self.finished:
             observe(self.context, verdict)  # before the step's clock stops: it is loop work too
         self.policy.update(
@@ -203,11 +212,14 @@ class SpeculativeEngine:
         drafter: Drafter | None = None,
         tokenizer: Tokenizer | None = None,
         profile: CostProfile | None = None,
+        grammars: Grammars | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.tokenizer = tokenizer
         self.profile = profile or CostProfile()
+        # Compiles a request's grammar (structured output) for the target's vocabulary.
+        self.grammars = grammars
 
     @classmethod
     def from_models(
@@ -215,7 +227,9 @@ class SpeculativeEngine:
     ) -> SpeculativeEngine:
         if isinstance(draft, LanguageModel):  # its ids, or through text where it speaks another vocabulary
             draft = model_drafter(draft, text_bridge(target.tokenizer, draft))
-        return cls(LocalTarget(target), draft, tokenizer=target.tokenizer, profile=profile)
+        return cls(
+            LocalTarget(target), draft, tokenizer=target.tokenizer, profile=profile, grammars=grammars_of(target)
+        )
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -239,15 +253,28 @@ class SpeculativeEngine:
         there, the stream ends with no event."""
         config = config or GenerationConfig()
         # A request's prediction is a source of its own, preferred to the engine's drafter's.
+        # Its grammar masks every step; where there is a drafter, the grammar's forced text
+        # is one more source and the others' drafts are cut to what it allows (plain
+        # decoding stays token-by-token constrained decoding, the baseline).
         drafter = with_prediction(self.drafter, self.tokenizer, config)
+        constraint = self._constraint(config)
+        if constraint is not None and drafter is not None:
+            drafter = Constrained(drafter, constraint)
         policy = make_policy(config.draft, self.profile) if drafter is not None else FixedK(0)
-        run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy)
+        run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy, constraint)
         try:
             yield from self._steps(run, drafter, cancelled)
         finally:
             # 7. Whatever ended the run (its end, an error, Ctrl-C, a consumer that stopped
             # reading): the target frees what the run held (a remote verifier's session).
             self.target.finish()
+
+    def _constraint(self, config: GenerationConfig) -> Constraint | None:
+        if config.grammar is None:
+            return None
+        if self.grammars is None:
+            raise ValueError("a grammar needs the target's tokenizer (SpeculativeEngine(grammars=...))")
+        return self.grammars.constraint(config.grammar)
 
     def _steps(
         self, run: _Run, drafter: Drafter | None, cancelled: Callable[[], bool] | None
@@ -274,8 +301,8 @@ class SpeculativeEngine:
                     else EMPTY_PROPOSAL
                 )
                 drafted = time.perf_counter()
-                # 4. Verify the whole block in one target pass.
-                check = self.target.verify(run.context, proposal)
+                # 4. Verify the whole block in one target pass (under the grammar's masks).
+                check = self.target.verify(run.context, proposal, run.masks(proposal))
             except TargetError as refusal:
                 # A full context (target's or draft's) or a verifier gone away: end with the
                 # text so far and a finish reason instead of raising it away.
@@ -294,6 +321,13 @@ class SpeculativeEngine:
         """Generate to the end and return tokens, text and metrics."""
         prompt_ids = self.encode(prompt)
         return GenerationResult.from_events(prompt_ids, list(self.stream(prompt_ids, config)))
+
+
+def grammars_of(target: LanguageModel) -> Grammars | None:
+    """The grammar compiler of ``target``'s vocabulary; None for a model without a tokenizer."""
+    if target.tokenizer is None:
+        return None
+    return Grammars(target.tokenizer, target.vocab_size, target.eos_token_ids)
 
 
 def autoregressive(target: LanguageModel) -> SpeculativeEngine:

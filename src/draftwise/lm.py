@@ -52,6 +52,9 @@ class Tokenizer(Protocol):
 
     def get_vocab(self) -> dict[str, int]: ...
 
+    def token_bytes(self) -> list[bytes]:
+        """The bytes each token stands for, by id (a control token: its markup's text)."""
+
 
 @dataclass(frozen=True)
 class PassInfo:

@@ -43,8 +43,9 @@ class Target(Protocol):
         """Begin a new sequence (prefill everything but the last prompt token); a long prefill
         may stop early once ``cancelled()`` is true (the sequence is then abandoned)."""
 
-    def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
-        """Score ``proposal`` after ``context`` in one pass and decide what to keep."""
+    def verify(self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None) -> Verification:
+        """Score ``proposal`` after ``context`` in one pass and decide what to keep; ``mask``
+        ``[k + 1, V]`` (bool): the tokens allowed at each row (a grammar), None for all."""
 
     def finish(self) -> None:
         """The sequence is over (finished, failed or abandoned): free what ``start`` set up.
@@ -71,7 +72,7 @@ class LocalTarget:
         self._generator = generator
         prefill(self.lm, prompt, cancelled)
 
-    def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
+    def verify(self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None) -> Verification:
         # The newest committed token is never in the cache yet: it is fed together with the
         # block, and row i of the scores judges proposal token i (row k gives the bonus).
         feed = sync(self.lm, context) + proposal.tokens.tolist()
@@ -81,7 +82,7 @@ class LocalTarget:
         info = self.lm.last_pass or PassInfo(len(feed), time.perf_counter() - started)
         s = self._config.sampling
         verdict, token_probs = verify(
-            proposal.tokens, proposal.probs, logits, s.temperature, s.top_k, s.top_p, self._generator
+            proposal.tokens, proposal.probs, logits, s.temperature, s.top_k, s.top_p, self._generator, mask
         )
         # Keep the accepted tokens; the next token is fed with the next block.
         self.lm.rollback(len(context) + verdict.n_accepted)

@@ -224,6 +224,19 @@ def verify_sampling(
     return Verdict(n_accepted=n_accepted, next_token=next_token, n_proposed=k)
 
 
+def apply_mask(
+    logits: torch.Tensor,  # [n, V] raw scores
+    mask: torch.Tensor,  # [n, V'] bool, True where allowed; ids past V' are not allowed
+) -> torch.Tensor:  # [n, V]: a copy, -inf where not allowed
+    """Scores with the disallowed tokens removed: what a constrained step decides on.
+
+    Example: scores ``[[2, 5, 1]]``, mask ``[[True, False, True]]`` -> ``[[2, -inf, 1]]``:
+    greedy picks token 0, sampling never draws token 1.
+    """
+    allowed = _align_vocab(mask, logits.shape[-1])
+    return logits.float().masked_fill(~allowed, float("-inf"))
+
+
 def verify(
     draft_tokens: torch.Tensor,  # [k] long
     draft_probs: torch.Tensor | None,  # [k, V'] or None
@@ -232,13 +245,20 @@ def verify(
     top_k: int,
     top_p: float,
     generator: torch.Generator | None,
+    mask: torch.Tensor | None = None,  # [k + 1, V'] bool: the tokens allowed at each row, None = all
 ) -> tuple[Verdict, torch.Tensor]:  # and [k] float32: p(x_i) of each proposed token
     """Apply the configured acceptance rule.
 
     Returns the verdict and the probability of each proposed token under the configured
     distribution p (the plain softmax under greedy decoding), for reporting. Greedy decoding
     computes only those k probabilities: a plain step (k = 0) normalises nothing at all.
+
+    With a ``mask`` the target's scores are masked first (``apply_mask``), so the verdict is
+    that of masked decoding: the drafter's q is left as drawn from, which keeps the rejection
+    rule exact (every draft token must be allowed: a grammar cuts drafts before they come here).
     """
+    if mask is not None:
+        target_logits = apply_mask(target_logits, mask)
     k = draft_tokens.shape[0]
     if temperature == 0:
         rows = target_logits[:k].float()  # [k, V]

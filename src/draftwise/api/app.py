@@ -31,6 +31,7 @@ from draftwise.api.pool import GenerationTimeout, Job, QueueFull, WorkerPool, bu
 from draftwise.api.settings import ServerSettings
 from draftwise.api.translate import (
     Plan,
+    check_grammar,
     check_prediction,
     context_exceeded,
     encode_chat,
@@ -41,6 +42,7 @@ from draftwise.api.translate import (
 from draftwise.chat import PromptTooLong
 from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
+from draftwise.grammar import Grammars
 from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.metrics import GenerationMetrics
 from draftwise.prediction import PREDICTION
@@ -279,7 +281,13 @@ class _Service:
     """The request-handling logic behind the routes."""
 
     def __init__(
-        self, settings: ServerSettings, target: LanguageModel, has_draft: bool, pool: WorkerPool, metrics: ServerMetrics
+        self,
+        settings: ServerSettings,
+        target: LanguageModel,
+        has_draft: bool,
+        pool: WorkerPool,
+        metrics: ServerMetrics,
+        grammars: Grammars | None,
     ) -> None:
         assert target.tokenizer is not None  # create_app refuses a target without one first
         self.settings = settings
@@ -287,6 +295,7 @@ class _Service:
         self.vocab_size = target.vocab_size
         self.context_limit = settings.max_context or target.max_context
         self.has_draft = has_draft
+        self.grammars = grammars
         self.pool = pool
         self.metrics = metrics
         self.created = int(time.time())
@@ -315,6 +324,7 @@ class _Service:
         def prompt_and_prediction(limit: int | None) -> list[int]:
             prompt = work(limit)
             check_prediction(request, self.tokenizer, len(prompt), limit, self.token_bytes_max)
+            check_grammar(request, self.grammars)
             return prompt
 
         try:
@@ -498,7 +508,7 @@ def create_app(settings: ServerSettings, pair: Pair, *, own: bool = False) -> Fa
     metrics = ServerMetrics()
     workers = build_workers(pair.target, pair.draft, settings.slots, pair.profile, own=own)
     pool = WorkerPool(workers, settings.queue_size, settings.request_timeout, metrics)
-    service = _Service(settings, pair.target, pair.draft is not None, pool, metrics)
+    service = _Service(settings, pair.target, pair.draft is not None, pool, metrics, workers[0].grammars)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

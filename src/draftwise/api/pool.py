@@ -23,9 +23,10 @@ from typing import Any, cast
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig
 from draftwise.drafters import Drafter, build_drafter, text_bridge
-from draftwise.engine import SpeculativeEngine
+from draftwise.engine import SpeculativeEngine, grammars_of
 from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
+from draftwise.grammar import Grammars
 from draftwise.lm import LanguageModel, Tokenizer, cached_start
 from draftwise.policies import CostProfile
 from draftwise.target import LocalTarget
@@ -63,6 +64,8 @@ class Worker:
     profile: CostProfile = field(default_factory=CostProfile)
     # The target's tokenizer where the draft speaks another vocabulary (see text_bridge).
     through: Tokenizer | None = None
+    # Compiles requests' grammars for the target's vocabulary (one for every worker).
+    grammars: Grammars | None = None
 
     def rest(self) -> None:
         """The generation ended: a backend that batches sequences stops waiting for this
@@ -79,6 +82,7 @@ class Worker:
             make_drafter(drafter, self.draft, self.through),
             self.target.tokenizer,
             profile=self.profile,
+            grammars=self.grammars,
         )
 
 
@@ -99,12 +103,14 @@ def build_workers(
         return lm if lm is None or (own and i == 0) else lm.fork()
 
     through = text_bridge(target.tokenizer, draft)  # forks share their models' tokenizers
+    grammars = grammars_of(target)
     return [
         Worker(
             cast(LanguageModel, fork(target, i)),
             fork(draft, i),
             copy.deepcopy(profile) if profile is not None else CostProfile(),
             through,
+            grammars,
         )
         for i in range(count)
     ]

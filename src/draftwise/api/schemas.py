@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    create_model,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from draftwise.chat import encodable
 from draftwise.config import DraftConfig, DrafterName
@@ -87,6 +96,32 @@ class Prediction(_Request):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+class JsonSchemaFormat(_Request):
+    """OpenAI's ``response_format.json_schema``: the schema the answer follows."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(..., min_length=1, max_length=64, description="the schema's name")
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(
+        default_factory=dict, alias="schema", description="a JSON schema; {} = any JSON value"
+    )
+    strict: bool | None = Field(None, description="accepted; the answer always follows the schema")
+
+
+class ResponseFormat(_Request):
+    """Structured output: plain text, any JSON object, or JSON that follows a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only then")
+        return self
+
+
 class GenerationRequest(_Request):
     model: str = Field(..., description="the served model id (see GET /v1/models)")
     max_tokens: Int | None = Field(None, ge=1, description="tokens to generate at most; None = server default")
@@ -105,6 +140,9 @@ class GenerationRequest(_Request):
     speculative: SpeculativeOptions | None = None
     prediction: Prediction | None = Field(
         None, description="the expected output (OpenAI's Predicted Outputs), drafted from where the answer follows it"
+    )
+    response_format: ResponseFormat | None = Field(
+        None, description="structured output: the answer follows a JSON schema, or is a JSON object"
     )
 
     @field_validator("stop")

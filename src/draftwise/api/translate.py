@@ -6,6 +6,7 @@ the client as a 400 that names the field.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -15,7 +16,15 @@ from draftwise.api.errors import APIError, invalid, validation_error
 from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from draftwise.api.settings import ServerSettings
 from draftwise.chat import PromptError, PromptTooLong, encode_messages, encode_raw
-from draftwise.config import NEEDS_DRAFT_MODEL, DraftConfig, DrafterName, GenerationConfig, SamplingConfig
+from draftwise.config import (
+    NEEDS_DRAFT_MODEL,
+    DraftConfig,
+    DrafterName,
+    GenerationConfig,
+    GrammarSpec,
+    SamplingConfig,
+)
+from draftwise.grammar import GrammarError, Grammars
 from draftwise.lm import Tokenizer
 
 
@@ -106,6 +115,30 @@ def check_prediction(
         )
 
 
+def grammar_spec(request: GenerationRequest) -> GrammarSpec | None:
+    """The grammar a request's ``response_format`` asks for; None for free text."""
+    fmt = request.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return GrammarSpec(kind="json_object")
+    assert fmt.json_schema is not None  # the schema's own validator
+    return GrammarSpec(kind="json_schema", text=json.dumps(fmt.json_schema.json_schema))
+
+
+def check_grammar(request: GenerationRequest, grammars: Grammars | None) -> None:
+    """Refuse a schema that cannot be compiled, in one line naming what is wrong."""
+    spec = grammar_spec(request)
+    if spec is None:
+        return
+    if grammars is None:
+        raise APIError(400, "this server's model has no tokenizer for structured output", param="response_format")
+    try:
+        grammars.check(spec)
+    except GrammarError as exc:
+        raise APIError(400, str(exc), param="response_format", code="invalid_schema") from exc
+
+
 def _validated(cls: type[BaseModel], data: dict[str, Any], prefix: tuple[str, ...]) -> Any:
     try:
         return cls.model_validate(data)
@@ -161,6 +194,7 @@ def plan(
             "sampling": sampling,
             "draft": draft,
             "prediction": request.prediction.text or None if request.prediction is not None else None,
+            "grammar": grammar_spec(request),
         },
         (),
     )

@@ -165,6 +165,18 @@ class GGUFTokenizer:
         """Token string -> id, the strings as the GGUF file stores them (``Ġword`` for byte-level BPE)."""
         return dict(self._vocab_map)
 
+    def token_bytes(self) -> list[bytes]:
+        """Each token's bytes as llama.cpp writes it out (markup tokens as their text)."""
+        buffer = ctypes.create_string_buffer(256)
+        pieces = []
+        for token in range(self.size):
+            n = self._api.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+            if n < 0:  # longer than the buffer: make room and write it again
+                buffer = ctypes.create_string_buffer(-n)
+                n = self._api.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+            pieces.append(buffer.raw[:n])
+        return pieces
+
     def is_control(self, token: int) -> bool:
         return bool(self._api.llama_vocab_get_attr(self._vocab, token) & _CONTROL)
 

@@ -75,6 +75,38 @@ class HFTokenizer:
         with self._lock:
             return dict(self.hf.get_vocab())
 
+    def token_bytes(self) -> list[bytes]:
+        """Each token's bytes: byte-level BPE pieces through the byte alphabet, SentencePiece
+        pieces with their word mark as a space and their byte tokens (``<0x0A>``) as bytes."""
+        with self._lock:
+            pieces = self.hf.convert_ids_to_tokens(list(range(len(self.hf))))
+            decoder = getattr(getattr(self.hf, "backend_tokenizer", None), "decoder", None)
+        byte_level = type(decoder).__name__ == "ByteLevel"
+        alphabet = {symbol: byte for byte, symbol in _byte_alphabet().items()}
+        out = []
+        for piece in pieces:
+            piece = piece or ""
+            if byte_level and all(ch in alphabet for ch in piece):
+                out.append(bytes(alphabet[ch] for ch in piece))
+            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                out.append(bytes([int(piece[3:5], 16)]))
+            else:
+                out.append(piece.replace("\u2581", " ").encode("utf-8"))
+        return out
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's table): printable Latin-1
+    bytes stand for themselves, the others for the characters from U+0100 on, in order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
 
 class HFModel:
     """A transformers causal LM plus its KV cache, for a single sequence (batch size 1)."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from draftwise.cli.options import GENERATION_FLAGS, Flags, aliases_of, with_flags, with_model_options
-from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, ModelOptions
+from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, GrammarSpec, ModelOptions
 from draftwise.errors import ConfigError, ModelLoadError, TargetError
 from draftwise.remote.settings import ClientSettings
 
@@ -54,6 +54,28 @@ def _read_file(file: Path, what: str) -> str:
         raise ConfigError(f"cannot read {what} file {file}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} file {file} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+
+
+def _with_request_files(
+    config: GenerationConfig, prediction: Path | None, json_schema: Path | None, grammar: Path | None
+) -> GenerationConfig:
+    """``config`` with what the request files add: a prediction, a JSON schema or a grammar
+    (Lark, or GBNF where the file name ends in .gbnf), each checked before any model loads."""
+    from draftwise.grammar import grammar_text
+
+    update: dict[str, Any] = {}
+    if prediction is not None:
+        update["prediction"] = _read_file(prediction, "prediction") or None
+    if json_schema is not None and grammar is not None:
+        raise ConfigError("give --json-schema or --grammar, not both")
+    if json_schema is not None:
+        update["grammar"] = GrammarSpec(kind="json_schema", text=_read_file(json_schema, "JSON schema"))
+    if grammar is not None:
+        kind = "gbnf" if grammar.suffix == ".gbnf" else "lark"
+        update["grammar"] = GrammarSpec(kind=kind, text=_read_file(grammar, "grammar"))
+    if update.get("grammar") is not None:
+        grammar_text(update["grammar"])
+    return config.model_copy(update=update)
 
 
 def _read_prompt(prompt: str | None, file: Path | None) -> str:
@@ -352,6 +374,8 @@ def _run(
     prompt: str | None,
     file: Path | None,
     prediction: Path | None,
+    json_schema: Path | None,
+    grammar: Path | None,
     target: str | None,
     draft: str | None,
     drafter: str | None,
@@ -366,8 +390,7 @@ def _run(
     from draftwise.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
     config = generation_config(given, ALIASES)  # before any model loads: mistakes fail fast
-    if prediction is not None:
-        config = config.model_copy(update={"prediction": _read_file(prediction, "prediction") or None})
+    config = _with_request_files(config, prediction, json_schema, grammar)
     remote_settings = settings_from_flags(ClientSettings, verifier is not None, given[ClientSettings], "--verifier")
     text = _read_prompt(prompt, file)
     named = target
@@ -477,6 +500,16 @@ def register(app: typer.Typer) -> None:
                 help="a file holding the expected output (OpenAI's Predicted Outputs: the file an edit returns); "
                 "drafted from wherever the output follows it",
             ),
+        ),
+        (
+            "json_schema",
+            Optional[Path],
+            typer.Option(None, help="a file holding a JSON schema the output follows (structured output)"),
+        ),
+        (
+            "grammar",
+            Optional[Path],
+            typer.Option(None, help="a file holding a grammar the output follows: Lark, or GBNF if it ends in .gbnf"),
         ),
         ("chat", bool, typer.Option(False, "--chat/--plain", help="apply the target's chat template")),
         ("compare", bool, typer.Option(False, help="also run the plain target; print speedup and identity")),

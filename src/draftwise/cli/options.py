@@ -231,7 +231,8 @@ def _cli_type(annotation: Any) -> tuple[Any, str]:
 # generate's generation flags: every scalar field of the three classes but the EOS ids, which
 # the models supply.
 GENERATION_FLAGS = (
-    Flags(GenerationConfig, skip=frozenset({"eos_token_ids", "prediction"})),  # generate: --prediction FILE
+    # generate: --prediction FILE, --json-schema FILE, --grammar FILE
+    Flags(GenerationConfig, skip=frozenset({"eos_token_ids", "prediction", "grammar"})),
     Flags(SamplingConfig),
     Flags(DraftConfig),
 )

@@ -21,7 +21,7 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.drafters import Proposal
-from draftwise.errors import ContextLengthError
+from draftwise.errors import ConfigError, ContextLengthError
 from draftwise.remote.protocol import (
     OpenSession,
     ProtocolError,
@@ -72,6 +72,8 @@ class RemoteTarget:
         generator: torch.Generator | None,
         cancelled: Callable[[], bool] | None = None,
     ) -> None:
+        if config.grammar is not None:
+            raise ConfigError("a grammar (structured output) does not yet travel to a remote verifier")
         # The prefill is one request to the server: ``cancelled`` is asked after it, by the engine.
         # The server seeds its own target stream from config.sampling.seed exactly as the
         # local engine seeds the generator it passes here, so that object is not needed.
@@ -109,7 +111,9 @@ class RemoteTarget:
         # Verifying fewer draft tokens is always valid: the rest are simply not offered.
         return Proposal(proposal.tokens[:room], None if proposal.probs is None else proposal.probs[:room])
 
-    def verify(self, context: Sequence[int], proposal: Proposal) -> Verification:
+    def verify(self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None) -> Verification:
+        if mask is not None:
+            raise RemoteVerifierError("a remote verifier takes no mask")
         if self.session.id is None:
             raise RemoteVerifierError("verify called before start")
         proposal = self._fit(context, proposal)

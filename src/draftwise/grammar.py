@@ -1,0 +1,250 @@
+"""Constrained decoding: a grammar as a mask on the target and as a free drafter.
+
+A request may carry a grammar (a JSON schema, a Lark or GBNF grammar, a regex). llguidance
+compiles it against the target's vocabulary and keeps, for each stream, a matcher that
+follows the committed tokens. The matcher gives three things:
+
+* **masks**: the tokens the grammar allows at each verified row of a block, an argument of
+  ``draftwise.verify.verify`` (greedy takes the argmax under the mask; sampling masks p);
+* **forced tokens**: text the grammar leaves no choice about (keys, quotes, separators, a
+  tool call's wrapper), drafted at no cost as the source ``grammar``;
+* **cuts**: another source's draft ends at its first token the grammar forbids, so that no
+  verified row is spent on a token the mask would refuse anyway.
+
+The output is what token-by-token masked decoding gives: greedy, the same tokens; sampling,
+the same law (the distribution of masked sampling, not the grammar-conditional one, which no
+token-level method gives).
+
+JSON is written compactly but readably and always the same way, ``{"a": 1, "b": [2, 3]}``:
+no white space outside strings but a space after ``:`` and ``,``. So the grammar forces every
+separator, quote and key, where free white space would leave each a choice of the model's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from draftwise.config import GrammarSpec
+from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal
+from draftwise.errors import DraftwiseError
+from draftwise.lm import Tokenizer
+from draftwise.policies import Offer
+from draftwise.verify import Verdict
+
+GRAMMAR = "grammar"
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_JSON_OBJECT = {"type": "object"}
+MAX_GRAMMAR_BYTES = 1 << 20  # a grammar or schema larger than this is refused before compiling
+CONTROL_MARK = b"\xff"  # llguidance's mark on a token that is markup, never text
+
+
+KIND_NAMES = {
+    "json_schema": "JSON schema",
+    "json_object": "JSON object",
+    "lark": "Lark grammar",
+    "gbnf": "GBNF grammar",
+    "regex": "regular expression",
+}
+
+
+class GrammarError(DraftwiseError, ValueError):
+    """A grammar or schema that cannot be compiled; the message says where (one line)."""
+
+
+def _llguidance() -> Any:
+    try:
+        import llguidance
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        raise GrammarError("structured output needs llguidance: pip install llguidance") from exc
+    return llguidance
+
+
+def grammar_text(spec: GrammarSpec) -> str:
+    """llguidance's grammar for ``spec`` (not yet checked against a vocabulary)."""
+    llg = _llguidance().LLMatcher
+    if len(spec.text.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+        raise GrammarError(f"the {KIND_NAMES[spec.kind]} is larger than {MAX_GRAMMAR_BYTES >> 20} MiB")
+    if spec.kind in ("json_schema", "json_object"):
+        try:
+            schema = json.loads(spec.text) if spec.kind == "json_schema" else ANY_JSON_OBJECT
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"the JSON schema is not JSON: {exc}") from exc
+        if not isinstance(schema, dict):
+            raise GrammarError("the JSON schema must be an object")
+        try:
+            return str(llg.grammar_from_json_schema(schema, defaults=dict(JSON_OPTIONS)))
+        except ValueError as exc:
+            raise GrammarError(f"invalid JSON schema: {exc}") from exc
+    if spec.kind == "gbnf":
+        try:
+            lark = _llguidance().gbnf_to_lark(spec.text)
+        except Exception as exc:  # its parser raises plain exceptions on bad input
+            raise GrammarError(f"invalid GBNF grammar: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
+        return str(llg.grammar_from_lark(lark))
+    if spec.kind == "regex":
+        return str(llg.grammar_from_regex(spec.text))
+    return str(llg.grammar_from_lark(spec.text))
+
+
+class _Encoder:
+    """The tokenizer as llguidance calls it: text in, ids out, markup read as text."""
+
+    def __init__(self, tokenizer: Tokenizer, tokens: list[bytes]) -> None:
+        self.tokenizer = tokenizer
+        self.tokens = tokens
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = None
+        self.special_token_ids = sorted(tokenizer.control_tokens.values())
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):  # tells llguidance to hand over text, not bytes
+            raise TypeError("text only")
+        return self.tokenizer.encode(text, add_special_tokens=False, parse_special=False)
+
+
+class Grammars:
+    """Compiles grammars for one target's vocabulary: the vocabulary is read once, on the
+    first grammar (it takes about a second for a large one), and shared by every stream;
+    safe to use from several threads."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
+        self._vocabulary: Any = None
+        self._lock = threading.Lock()
+
+    def vocabulary(self) -> Any:
+        with self._lock:
+            if self._vocabulary is None:
+                llguidance = _llguidance()
+                tokens = list(self.tokenizer.token_bytes())
+                for text, token in self.tokenizer.control_tokens.items():
+                    tokens[token] = CONTROL_MARK + text.encode("utf-8")
+                wrapper = llguidance.TokenizerWrapper(_Encoder(self.tokenizer, tokens))
+                self._vocabulary = llguidance.LLTokenizer(wrapper, eos_token=self.eos_token_ids or None)
+            return self._vocabulary
+
+    def check(self, spec: GrammarSpec) -> str:
+        """The compiled grammar of ``spec``, or ``GrammarError`` saying what is wrong."""
+        grammar = grammar_text(spec)
+        is_error, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(grammar, self.vocabulary())
+        if is_error:
+            raise GrammarError(f"invalid {KIND_NAMES[spec.kind]}: {_one_line(messages[0])}")
+        return grammar
+
+    def constraint(self, spec: GrammarSpec) -> Constraint:
+        """A fresh matcher of ``spec`` for one stream."""
+        grammar = self.check(spec)
+        matcher = _llguidance().LLMatcher(self.vocabulary(), grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"invalid {KIND_NAMES[spec.kind]}: {_one_line(matcher.get_error())}")
+        return Constraint(matcher, self.vocab_size)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+class Constraint:
+    """One stream's grammar state: what it allows next, given the tokens committed so far.
+
+    The matcher only ever holds committed tokens: a block is walked through (``masks``) and
+    rolled back at once.
+    """
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        self.mask_calls = 0  # masks computed, one per verified row
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next (empty where the model has a choice)."""
+        return [] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
+
+    def cut(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` the grammar allows in a row from here."""
+        return int(self.matcher.validate_tokens(list(tokens))) if len(tokens) else 0
+
+    def masks(self, block: Sequence[int]) -> torch.Tensor:  # [k + 1, V] bool: row i allows after block[:i]
+        """The allowed tokens at each row a verification of ``block`` scores.
+
+        Example: grammar ``"ab" | "ac"``, spelt one character a token, nothing committed,
+        block ``[a]``: row 0 allows ``a`` only, row 1 allows ``b`` and ``c``.
+        """
+        bits = np.zeros((len(block) + 1, self.words), dtype=np.int32)
+        consumed = 0
+        for i in range(len(block) + 1):
+            row = bits[i]
+            self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            if i == len(block) or not self.matcher.consume_token(int(block[i])):
+                break
+            consumed += 1
+        self.mask_calls += consumed + 1
+        if consumed:
+            self.matcher.rollback(consumed)
+        allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
+        return torch.from_numpy(allowed.astype(bool))
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Follow the committed ``tokens`` (a finished grammar takes nothing more)."""
+        for token in tokens:
+            if self.matcher.is_stopped():
+                return
+            if not self.matcher.consume_token(int(token)):
+                raise GrammarError(f"token {token} broke the grammar: {_one_line(self.matcher.get_error())}")
+
+    @property
+    def finished(self) -> bool:
+        """Whether the text so far is complete under the grammar."""
+        return bool(self.matcher.is_accepting())
+
+
+class Constrained:
+    """A drafter under a grammar: the grammar's forced tokens wherever it forces some (a
+    source that costs nothing and is always grounded), elsewhere ``inner``'s drafts cut at
+    their first token the grammar forbids. ``inner`` may be None (plain decoding but for the
+    forced text)."""
+
+    def __init__(self, inner: Drafter | None, constraint: Constraint) -> None:
+        self.inner = inner
+        self.constraint = constraint
+        self._forced: list[int] = []
+
+    def start(self, prompt: Sequence[int], config: Any, generator: torch.Generator | None) -> None:
+        if self.inner is not None:
+            self.inner.start(prompt, config, generator)
+
+    def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
+        self._forced = self.constraint.forced()
+        if self._forced:
+            return (Offer(GRAMMAR, limit=len(self._forced), cost_hint=0.0, grounded=True),)
+        return self.inner.offers(context) if self.inner is not None else ()
+
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+        if source == GRAMMAR or (source is None and self._forced):
+            return Proposal(tokens=torch.tensor(self._forced[:k], dtype=torch.long), source=GRAMMAR)
+        if self.inner is None:
+            return EMPTY_PROPOSAL
+        proposal = self.inner.propose(context, k, source)
+        keep = self.constraint.cut(proposal.tokens.tolist())
+        if keep == len(proposal):
+            return proposal
+        return Proposal(
+            tokens=proposal.tokens[:keep],
+            probs=proposal.probs[:keep] if proposal.probs is not None else None,
+            source=proposal.source,
+            catchup_seconds=proposal.catchup_seconds,
+            catchup_tokens=proposal.catchup_tokens,
+        )
+
+    def observe(self, context: Sequence[int], verdict: Verdict) -> None:
+        if self.inner is not None:
+            self.inner.observe(context, verdict)

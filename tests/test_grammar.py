@@ -1,0 +1,219 @@
+"""Structured output: the grammar as a mask on verification and as a free drafter.
+
+Layers: the mask in closed form; masked sampling against its exact law (chi-square, with a
+control that fails without the mask); a grammar's masks, forced tokens and cuts on the tiny
+byte tokenizer, worked by hand; greedy exactness against token-by-token constrained decoding
+with every drafter; edges (bad schemas, a grammar that cannot finish).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from draftwise import GenerationConfig, SpeculativeEngine, autoregressive
+from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
+from draftwise.drafters import NGramDrafter, build_drafter
+from draftwise.engine import grammars_of
+from draftwise.grammar import GRAMMAR, GrammarError
+from draftwise.target import LocalTarget
+from draftwise.verify import apply_mask, verify
+
+from stats_support import ALPHA, as_dist, chi2_pvalue
+
+pytest.importorskip("llguidance")
+
+# A bounded record: every answer a model can give under it ends within a few dozen tokens.
+RECORD = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+        "tag": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["name", "age", "ok", "tag"],
+    "additionalProperties": False,
+}
+
+
+def schema(value: dict) -> GrammarSpec:
+    return GrammarSpec(kind="json_schema", text=json.dumps(value))
+
+
+def regex(pattern: str) -> GrammarSpec:
+    return GrammarSpec(kind="regex", text=pattern)
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+# --- the mask in closed form --------------------------------------------------------------------
+
+
+def test_apply_mask_worked_example():
+    masked = apply_mask(torch.tensor([[2.0, 5.0, 1.0]]), torch.tensor([[True, False, True]]))
+    assert masked.tolist() == [[2.0, -math.inf, 1.0]]
+
+
+def test_a_mask_narrower_than_the_scores_forbids_the_ids_past_it():
+    # The model's score rows may be wider than the tokenizer (padding ids): never allowed.
+    masked = apply_mask(torch.tensor([[1.0, 0.0, 9.0]]), torch.tensor([[True, True]]))
+    assert masked[0, 2] == -math.inf
+
+
+def test_greedy_verification_takes_the_argmax_under_the_mask():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 9.0]])
+    mask = torch.tensor([[True, False, True, True], [False, True, True, True], [True, True, True, True]])
+    # Unmasked the argmax is 1, 0, 3; masked it is 3, 2, 3.
+    verdict, _ = verify(torch.tensor([3, 1]), None, logits, 0.0, 0, 1.0, None, mask)
+    assert (verdict.n_accepted, verdict.next_token) == (1, 2)
+    verdict, _ = verify(torch.tensor([3, 2]), None, logits, 0.0, 0, 1.0, None, mask)
+    assert (verdict.n_accepted, verdict.next_token) == (2, 3)
+    unmasked, _ = verify(torch.tensor([3, 2]), None, logits, 0.0, 0, 1.0, None)
+    assert (unmasked.n_accepted, unmasked.next_token) == (0, 1)
+
+
+# --- masked sampling: the law of token-by-token masked sampling ----------------------------------
+
+P = torch.tensor([0.30, 0.25, 0.05, 0.40])
+ALLOWED = torch.tensor([True, False, True, True])
+Q = torch.tensor([0.50, 0.00, 0.25, 0.25])  # a draft that proposes allowed tokens only
+N = 8_000
+
+
+def first_token(mask: torch.Tensor | None, point_mass: bool, generator: torch.Generator) -> int:
+    """One verification of a one-token draft; the first token it emits."""
+    if point_mass:
+        draft, q = torch.tensor([3]), None
+    else:
+        draft, q = torch.multinomial(Q, 1, generator=generator), Q[None]
+    logits = P.log()[None].expand(2, -1)
+    rows = None if mask is None else mask[None].expand(2, -1)
+    verdict, _ = verify(draft, q, logits, 1.0, 0, 1.0, generator, rows)
+    return int(draft[0]) if verdict.n_accepted else verdict.next_token
+
+
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_masked_verification_samples_the_masked_distribution(point_mass):
+    generator = torch.Generator().manual_seed(7)
+    counts = Counter(first_token(ALLOWED, point_mass, generator) for _ in range(N))
+    assert chi2_pvalue(counts, as_dist(P * ALLOWED / (P * ALLOWED).sum())) > ALPHA
+
+
+def test_the_same_check_fails_without_the_mask():
+    """Control: unmasked verification emits forbidden token 1 a quarter of the time; the test
+    above would see it."""
+    generator = torch.Generator().manual_seed(7)
+    counts = Counter(first_token(None, False, generator) for _ in range(N))
+    assert chi2_pvalue(counts, as_dist(P * ALLOWED / (P * ALLOWED).sum())) < ALPHA
+
+
+# --- a grammar's masks, forced tokens and cuts, by hand -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grammars(tiny_target):
+    return grammars_of(tiny_target)
+
+
+def allowed(row: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(row).flatten().tolist())
+
+
+def test_masks_forced_tokens_and_cuts_worked_by_hand(grammars, tiny_target):
+    # The tiny tokenizer spells every byte as a token: "a(b|c)d" forces "a", then chooses.
+    tok = tiny_target.tokenizer
+    a, b, c, d = (ids(tok, ch)[0] for ch in "abcd")
+    constraint = grammars.constraint(regex("a(b|c)d"))
+    assert constraint.forced() == [a]
+    rows = constraint.masks([a])
+    assert rows.shape == (2, tiny_target.vocab_size)
+    assert allowed(rows[0]) == {a} and allowed(rows[1]) == {b, c}
+    assert constraint.masks([]).shape[0] == 1  # walked and rolled back: nothing committed
+    constraint.commit([a])
+    assert constraint.forced() == []  # a choice: b or c
+    assert constraint.cut([b, d, a]) == 2 and constraint.cut([d]) == 0
+    constraint.commit([c, d])
+    assert constraint.finished
+    assert allowed(constraint.masks([])[0]) == set(tiny_target.eos_token_ids)
+
+
+def test_json_is_written_compactly_with_spaces_after_separators(grammars, tiny_target):
+    # The layout that leaves the model no choice of white space: the keys come forced.
+    constraint = grammars.constraint(
+        schema({"type": "object", "properties": {"ab": {"type": "integer"}}, "required": ["ab"]})
+    )
+    forced = tiny_target.tokenizer.decode(constraint.forced())
+    assert forced == '{"ab": '
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        (schema({"type": "strin"}), "invalid JSON schema"),
+        (GrammarSpec(kind="json_schema", text="{not json"), "not JSON"),
+        (GrammarSpec(kind="lark", text="start: ("), "invalid Lark grammar"),
+        (GrammarSpec(kind="gbnf", text="root ::= ("), "GBNF"),
+    ],
+)
+def test_a_bad_grammar_is_one_line_naming_the_problem(grammars, spec, fragment):
+    with pytest.raises(GrammarError) as caught:
+        grammars.constraint(spec)
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+# --- greedy exactness: identical to token-by-token constrained decoding --------------------------
+
+
+def speculative(target, draft, drafter: str) -> SpeculativeEngine:
+    grammars = grammars_of(target)
+    return SpeculativeEngine(LocalTarget(target), build_drafter(drafter, draft), target.tokenizer, grammars=grammars)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model", "hybrid"])
+@pytest.mark.parametrize("prompt", ["Give me a record: ", "name age ok tag red green blue {"])
+def test_greedy_output_is_token_by_token_constrained_decoding(tiny_target, tiny_near_draft, drafter, prompt):
+    config = GenerationConfig(max_new_tokens=80, grammar=schema(RECORD))
+    plain = autoregressive(tiny_target).generate(prompt, config)
+    fast = speculative(tiny_target, tiny_near_draft, drafter).generate(prompt, config)
+    assert fast.tokens == plain.tokens
+    assert plain.metrics.finish_reason == "eos"
+    record = json.loads(fast.text.removesuffix("<|eos|>"))
+    assert set(record) == {"name", "age", "ok", "tag"} and record["tag"] in ("red", "green", "blue")
+    assert fast.metrics.proposed_by_source.get(GRAMMAR, 0) > 0  # the keys were drafted, free
+    assert GRAMMAR not in plain.metrics.proposed_by_source  # plain decoding drafts nothing
+
+
+def test_sampled_output_follows_the_schema(tiny_target, tiny_near_draft):
+    for seed in range(4):
+        config = GenerationConfig(
+            max_new_tokens=80, grammar=schema(RECORD), sampling=SamplingConfig(temperature=1.0, seed=seed)
+        )
+        result = speculative(tiny_target, tiny_near_draft, "hybrid").generate("A record: ", config)
+        assert result.metrics.finish_reason == "eos"
+        assert json.loads(result.text.removesuffix("<|eos|>"))["tag"] in ("red", "green", "blue")
+
+
+def test_other_sources_drafts_are_cut_at_the_first_forbidden_token(tiny_target):
+    # The prompt repeats "x": the n-gram drafter proposes it; the grammar allows only digits.
+    engine = SpeculativeEngine(
+        LocalTarget(tiny_target), NGramDrafter(), tiny_target.tokenizer, grammars=grammars_of(tiny_target)
+    )
+    config = GenerationConfig(max_new_tokens=12, grammar=regex("[0-9]{12}"), draft=DraftConfig(k_policy="fixed", k=4))
+    result = engine.generate("xxxxxxxx", config)
+    assert all(ch.isdigit() for ch in result.text)
+    assert result.events[0].proposed == []  # "x x x x", cut to nothing
+    proposed = [t for event in result.events for t in event.proposed]
+    assert all(tiny_target.tokenizer.decode([t]).isdigit() for t in proposed)
+
+
+def test_a_grammar_that_cannot_finish_ends_at_the_length_limit(tiny_target):
+    config = GenerationConfig(max_new_tokens=5, grammar=schema(RECORD))
+    result = autoregressive(tiny_target).generate("A record: ", config)
+    assert result.metrics.finish_reason == "length" and result.text == '{"nam'  # one byte a token
