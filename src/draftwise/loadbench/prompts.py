@@ -21,6 +21,7 @@ from draftwise.bench.dataset import read_prompts, select, spec_bench_path
 from draftwise.loadbench.config import CODE_COMPLETION, NONE, SPEC_BENCH, LoadConfig, LoadError
 
 PREDICTION = "prediction"  # an --edit task's field (and the request's): the expected answer
+RESPONSE_FORMAT = "response_format"  # a --structured task's field (and the request's)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class LoadPrompt:
     text: str
     chat: bool  # a chat turn (chat endpoint) or a raw prompt (completions endpoint)
     prediction: str | None = None  # an edit task's expected answer (OpenAI's Predicted Outputs)
+    response_format: dict[str, Any] | None = None  # a structured-output task's JSON schema, for every server
 
     def body(self, model: str, max_tokens: int, predict: bool = False) -> dict[str, Any]:
         """The request both kinds of server take: greedy, streamed, with token usage at the end;
@@ -43,6 +45,8 @@ class LoadPrompt:
         }
         if predict and self.prediction is not None:
             common[PREDICTION] = {"type": "content", "content": self.prediction}
+        if self.response_format is not None:
+            common[RESPONSE_FORMAT] = self.response_format
         if self.chat:
             return {**common, "messages": [{"role": "user", "content": self.text}]}
         return {**common, "prompt": self.text}
@@ -53,9 +57,12 @@ class LoadPrompt:
 
     @property
     def kind(self) -> str:
-        """``code``, ``chat`` or ``edit`` (a chat prompt with a prediction)."""
+        """``code``, ``chat``, ``edit`` (a chat prompt with a prediction) or ``structured`` (one
+        with a response format)."""
         if self.prediction is not None:
             return "edit"
+        if self.response_format is not None:
+            return "structured"
         return "chat" if self.chat else "code"
 
 
@@ -75,30 +82,39 @@ def _source(data: str, chat: bool, subtasks: Sequence[str] | None, limit: int | 
     return [LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=chat) for p in select(chosen, None, limit)]
 
 
-def read_predictions(path: Path) -> list[str]:
-    """The prediction of every task of an --edit file, in file order (one per non-empty line,
-    as ``read_prompts`` reads the prompts, which checks first that every line is JSON)."""
+def _task_fields(path: Path, field: str, kind: type, flag: str) -> list[Any]:
+    """``field`` of every task of a task file, in file order (one per non-empty line, as
+    ``read_prompts`` reads the prompts, which checks first that every line is JSON)."""
     found = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         row = json.loads(line)
-        prediction = row.get(PREDICTION) if isinstance(row, dict) else None
-        if not isinstance(prediction, str) or not prediction:
-            raise LoadError(f"--edit {path}, line {number}: a task needs a '{PREDICTION}' string")
-        found.append(prediction)
+        value = row.get(field) if isinstance(row, dict) else None
+        if not isinstance(value, kind) or not value:
+            what = "string" if kind is str else "object"
+            raise LoadError(f"{flag} {path}, line {number}: a task needs a '{field}' {what}")
+        found.append(value)
     return found
 
 
-def _edit_source(data: str, subtasks: Sequence[str] | None, limit: int | None) -> list[LoadPrompt]:
+def read_predictions(path: Path) -> list[str]:
+    """The prediction of every task of an --edit file, in file order."""
+    return _task_fields(path, PREDICTION, str, "--edit")
+
+
+def _task_source(
+    data: str, field: str, kind: type, flag: str, subtasks: Sequence[str] | None, limit: int | None
+) -> list[LoadPrompt]:
+    """The chat prompts of a task file (--edit, --structured), each with its task's ``field``."""
     if data == NONE:
         return []
     path = Path(data).expanduser()
     prompts = read_prompts(path)
-    predictions = dict(zip([p.id for p in prompts], read_predictions(path)))
+    extras = dict(zip([p.id for p in prompts], _task_fields(path, field, kind, flag)))
     chosen = [p for p in prompts if not subtasks or p.subtask in subtasks]
     return [
-        LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=True, prediction=predictions[p.id])
+        LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=True, **{field: extras[p.id]})
         for p in select(chosen, None, limit)
     ]
 
@@ -109,11 +125,12 @@ def load_prompts(config: LoadConfig) -> list[LoadPrompt]:
     prompts = (
         _source(config.code, False, config.subtasks, config.limit)
         + _source(config.data, True, config.subtasks, config.limit)
-        + _edit_source(config.edit, config.subtasks, config.limit)
+        + _task_source(config.edit, PREDICTION, str, "--edit", config.subtasks, config.limit)
+        + _task_source(config.structured, RESPONSE_FORMAT, dict, "--structured", config.subtasks, config.limit)
     )
     missing = [s for s in config.subtasks or () if s not in {p.subtask for p in prompts}]
     if missing:
-        raise LoadError(f"unknown subtask(s) {', '.join(missing)} in --code, --data and --edit")
+        raise LoadError(f"unknown subtask(s) {', '.join(missing)} in --code, --data, --edit and --structured")
     if not prompts:
         raise LoadError("no prompts selected")
     if len({p.id for p in prompts}) != len(prompts):

@@ -77,6 +77,10 @@ def _identical(row: dict[str, Any]) -> str:
     return f"{row['identical_to_alone']}/{row['compared_to_alone']}"
 
 
+def _parsed(value: Sequence[int] | None) -> str:
+    return "" if value is None else f"{value[0]}/{value[1]}"  # blank: no structured-output task
+
+
 def _count(value: int | None) -> str:
     return "" if value is None else str(value)  # blank: the server reported no such count
 
@@ -85,8 +89,8 @@ def rows_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = [
         "| server | C | requests | errors | tokens | wall s | tok/s | request tok/s p50 | decode tok/s | TTFT p50 s "
         "| TTFT p95 s | latency p50 s | latency p95 s | prediction accepted | prediction rejected "
-        "| identical to alone |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| JSON answers | identical to alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -95,7 +99,7 @@ def rows_table(rows: Sequence[dict[str, Any]]) -> list[str]:
             f"| {_fmt(r['decode_tok_s'], '.1f')} | {_fmt(r['ttft_p50_s'], '.3f')} | {_fmt(r['ttft_p95_s'], '.3f')} "
             f"| {_fmt(r['latency_p50_s'], '.2f')} | {_fmt(r['latency_p95_s'], '.2f')} "
             f"| {_count(r['accepted_prediction_tokens'])} | {_count(r['rejected_prediction_tokens'])} "
-            f"| {_identical(r)} |"
+            f"| {_parsed(r.get('parsed_json'))} | {_identical(r)} |"
         )
     return lines
 
@@ -136,12 +140,13 @@ def mismatch_section(audits: Sequence[dict[str, Any]] | None, compared: int) -> 
 METHOD = """Each server runs as a child process on 127.0.0.1 (one start per server and concurrency C,
 with C slots), gets one untimed warm-up request, then C streaming clients share the prompt list:
 each client sends the next unsent prompt as soon as its previous answer has ended, until every
-prompt was sent once. Code prompts go raw to `/v1/completions`, chat prompts and code-edit tasks as
-one user message to `/v1/chat/completions`; greedy (temperature 0), the same `max_tokens`, no
+prompt was sent once. Code prompts go raw to `/v1/completions`, chat prompts, code-edit tasks and
+structured-output tasks as one user message to `/v1/chat/completions`; greedy (temperature 0), the same `max_tokens`, no
 `ignore_eos` (draftwise's API has none), so an answer may end early at the model's end of turn.
 A code-edit task's request carries its predicted answer (OpenAI's `prediction`: the file unchanged)
 to `draftwise` only; `draftwise-noprediction` is the same server asked without it, and llama-server
-gets none.
+gets none. A structured-output task's request carries its `response_format` (a JSON schema) to
+every server.
 
 - tok/s: the run's completion tokens (the servers' own `usage` counts) over its wall time, from the
   first request sent to the last stream ended.
@@ -152,6 +157,8 @@ gets none.
 - TTFT: to the first chunk that carries text; latency: to the end of the stream.
 - prediction accepted / rejected: the summed `usage.completion_tokens_details` counts of the answers
   (blank where the server reported none).
+- JSON answers: the structured-output answers that parse as JSON, of those answered (blank without
+  such tasks).
 - identical to alone: the answer's text equals the same prompt's answer on the same server at C = 1.
   Where it differs, both texts are tokenized with the target's tokenizer and the target (loaded in
   the benchmark's process) gives its top-2 logit gap before the first differing token."""
@@ -163,6 +170,10 @@ def _header(config: LoadConfig, info: dict[str, Any], prompts: Sequence[LoadProm
     edits = sum(p.prediction is not None for p in prompts)
     predicted = [s for s in config.servers if sends_prediction(s)]
     edit_line = f"- code edits: {edits} from {config.edit}, with their prediction to {', '.join(predicted) or 'none'}"
+    structured = sum(p.response_format is not None for p in prompts)
+    structured_line = (
+        f"- structured output: {structured} from {config.structured}, with their JSON schema to every server"
+    )
     return [
         f"# draftwise load: {config.target} (draft: {config.draft_model or 'none'})",
         "",
@@ -175,6 +186,7 @@ def _header(config: LoadConfig, info: dict[str, Any], prompts: Sequence[LoadProm
         f"- threads {config.threads}, context {config.context} per slot, max_tokens {config.max_tokens}, greedy",
         f"- prompts: {len(prompts)} ({by_subtask}), each sent once per server and concurrency",
         *([edit_line] if edits else []),
+        *([structured_line] if structured else []),
     ]
 
 

@@ -12,6 +12,7 @@ the same server). Percentiles interpolate linearly between the nearest ranks.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +96,22 @@ def prediction_tokens(requests: Iterable[Record], field: str) -> int | None:
     return sum(counts) if counts else None
 
 
+def parsed_json(requests: Iterable[Record]) -> tuple[int, int] | None:
+    """(answers that parse as one JSON value, answers) of the structured-output requests;
+    None where there were none."""
+    answers = [r["text"] for r in requests if r.get("structured")]
+    if not answers:
+        return None
+    valid = 0
+    for text in answers:
+        try:
+            json.loads(text)
+        except ValueError:
+            continue
+        valid += 1
+    return valid, len(answers)
+
+
 def summarize(run: Run, alone: dict[str, str] | None, count: Count | None = None) -> dict[str, Any]:
     """One row of the report: the numbers of one (server, C)."""
     ok = [r for r in run.requests if r["ok"]]
@@ -123,6 +140,7 @@ def summarize(run: Run, alone: dict[str, str] | None, count: Count | None = None
         "latency_p95_s": percentile(latency, 95),
         "accepted_prediction_tokens": prediction_tokens(ok, "accepted_prediction_tokens"),
         "rejected_prediction_tokens": prediction_tokens(ok, "rejected_prediction_tokens"),
+        "parsed_json": parsed_json(ok),
         "compared_to_alone": compared,
         "identical_to_alone": identical,
     }
