@@ -563,3 +563,153 @@ def test_a_bad_response_format_is_a_400_naming_it(server, response_format, messa
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert message in error["message"] and error["param"].startswith("response_format")
+
+
+# --- tool calls ---------------------------------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["utc", "cet"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("choice", "names"),
+    [("required", {"get_weather", "get_time"}), ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})],
+)
+def test_a_required_tool_call_follows_its_function_schema(client, choice, names):
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER, TIME],
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        max_tokens=200,
+        temperature=0,
+    )
+    choice_ = response.choices[0]
+    assert choice_.finish_reason == "tool_calls" and choice_.message.content is None
+    (call,) = choice_.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name in names
+    arguments = json.loads(call.function.arguments)
+    assert arguments == {"zone": arguments["zone"]} if call.function.name == "get_time" else set(arguments) == {"city"}
+    assert response.model_extra["speculative"]["proposed_by_source"]["grammar"] > 0  # the wrapper, drafted
+
+
+def test_streamed_tool_calls_come_whole_with_an_index(client):
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Time?"}],
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,
+        max_tokens=200,
+        temperature=0,
+        stream=True,
+    )
+    chunks = list(stream)
+    calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+    assert [call.index for call in calls] == [0] and calls[0].function.name == "get_time"
+    assert json.loads(calls[0].function.arguments)["zone"] in ("utc", "cet")
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # no call as text
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_auto_lets_the_model_answer_in_text(client, baseline):
+    # The tiny model never opens a call: the answer is its free text, as without tools.
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[WEATHER],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert response.choices[0].finish_reason == "length" and response.choices[0].message.tool_calls is None
+    assert response.choices[0].message.content
+
+
+def test_a_tool_result_goes_back_into_the_conversation(client):
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    response = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=8)
+    assert response.usage.prompt_tokens > 0 and response.choices[0].finish_reason in ("length", "stop")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message", "param"),
+    [
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "no tool",
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "required needs tools", "tool_choice"),
+        ({"tools": [WEATHER, WEATHER]}, "same name", "tools"),
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "not supported", "tools"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]},
+            "invalid",
+            "tools",
+        ),
+    ],
+)
+def test_a_bad_tool_request_is_a_400_naming_it(server, extra, message, param):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+    answer = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert message in error["message"] and error["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("message", "fragment"),
+    [
+        ({"role": "tool", "content": "sunny"}, "tool_call_id"),
+        ({"role": "user", "content": None}, "content is required"),
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{"}}],
+            },
+            "JSON object",
+        ),
+    ],
+)
+def test_a_bad_tool_message_is_a_400(server, message, fragment):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}, message]}
+    answer = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 400 and fragment in answer.json()["error"]["message"], answer.text

@@ -19,7 +19,7 @@ from draftwise import GenerationConfig, SpeculativeEngine, autoregressive
 from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
 from draftwise.drafters import NGramDrafter, build_drafter
 from draftwise.engine import grammars_of
-from draftwise.grammar import GRAMMAR, GrammarError
+from draftwise.grammar import GRAMMAR, GrammarError, held_back, parse_tool_calls, tool_call_grammar
 from draftwise.target import LocalTarget
 from draftwise.verify import apply_mask, verify
 
@@ -217,3 +217,39 @@ def test_a_grammar_that_cannot_finish_ends_at_the_length_limit(tiny_target):
     config = GenerationConfig(max_new_tokens=5, grammar=schema(RECORD))
     result = autoregressive(tiny_target).generate("A record: ", config)
     assert result.metrics.finish_reason == "length" and result.text == '{"nam'  # one byte a token
+
+
+# --- tool calls: a grammar with a trigger, and the answer read back ---------------------------------
+
+
+def test_a_triggered_grammar_is_free_text_until_its_opening(grammars, tiny_target):
+    tok = tiny_target.tokenizer
+    constraint = grammars.constraint(GrammarSpec(kind="regex", text="<t>[0-9]{2}", trigger="<t>"))
+    a, opening, one = ids(tok, "a"), ids(tok, "<t>"), ids(tok, "1")
+    assert constraint.masks(a) is None and constraint.forced() == []  # free text: no mask at all
+    assert constraint.cut(a + opening + one + a) == 5  # the "a" after the opening is cut
+    rows = constraint.masks(a + opening + one)
+    digits = {ids(tok, str(n))[0] for n in range(10)}
+    assert [allowed(r) == digits for r in rows] == [False] * 4 + [True, True]
+    constraint.commit(a + opening[:2])  # the opening may come over two steps
+    assert not constraint.active
+    constraint.commit(opening[2:] + one)
+    assert constraint.active and allowed(constraint.masks([])[0]) == digits
+
+
+def test_tool_calls_are_forced_up_to_the_first_argument_and_read_back(grammars, tiny_target):
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    spec = tool_call_grammar([("get_weather", weather)], parallel=True, required=True)
+    forced = tiny_target.tokenizer.decode(grammars.constraint(spec).forced())
+    assert forced == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "'
+    first, second = '{"name": "a", "arguments": {"x": 1}}', '{"name": "b"}'
+    text = f"Sure.\n<tool_call>\n{first}\n</tool_call>\n<tool_call>\n{second}\n</tool_call>"
+    assert parse_tool_calls(text) == ("Sure.\n", [("a", '{"x": 1}'), ("b", "{}")])
+    assert parse_tool_calls("<tool_call>\n{broken\n</tool_call>") == ("<tool_call>\n{broken\n</tool_call>", [])
+
+
+@pytest.mark.parametrize(
+    ("text", "end"), [("plain", 5), ("then <tool", 5), ("x<tool_call>\n{", 1), ("<", 0), ("a < b", 5)]
+)
+def test_streamed_text_stops_where_a_tool_call_may_open(text, end):
+    assert held_back(text) == end

@@ -632,14 +632,22 @@ def test_smollm2_code_edits_through_draftwise_and_the_n_gram_llama_servers(tmp_p
 STRUCTURED = ROOT / "benchmarks" / "data" / "extraction.jsonl"
 
 
-def test_structured_tasks_carry_their_schema_to_every_server():
+def test_structured_tasks_carry_their_schema_to_every_server(tmp_path):
     rows = [json.loads(line) for line in STRUCTURED.read_text(encoding="utf-8").splitlines()]
     assert len(rows) >= 24 and len({r["id"] for r in rows}) == len(rows)
-    config = LoadConfig(servers=("draftwise",), code="none", data="none", structured=str(STRUCTURED), limit=30)
+    target = tmp_path / "t.gguf"
+    target.write_text("")
+    (tmp_path / "llama-server").write_text("")
+    config = LoadConfig(
+        servers=("draftwise",), code="none", data="none", structured=str(STRUCTURED), limit=30, target=str(target)
+    )
+    config = config.model_copy(update={"llama_cpp_bin": tmp_path})
+    assert "--jinja" in llama_server(config, 1).argv  # tools go through the model's own template
     prompts = load_prompts(config)
     assert len(prompts) == len(rows) and {p.kind for p in prompts} == {"structured"}
     bodies = {server: prompts[0].body("m", 16, sends_prediction(server)) for server in SERVERS}
     assert all(body["response_format"] == rows[0]["response_format"] for body in bodies.values())
+    assert "--jinja" not in " ".join(llama_server(config.model_copy(update={"structured": "none"}), 1).argv)
     assert rows[0]["response_format"]["type"] == "json_schema"
     assert (
         config.results_hash() != config.model_copy(update={"structured": "none", "data": "spec_bench"}).results_hash()

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from draftwise.errors import DraftwiseError
 
 if TYPE_CHECKING:
     from draftwise.lm import Tokenizer
+
+
+T = TypeVar("T")
 
 
 class PromptError(DraftwiseError, ValueError):
@@ -125,33 +128,62 @@ def encode_marked_up(
     return ids
 
 
-def _escaped(
-    messages: list[dict[str, str]], control: Mapping[str, int], template: str
-) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """``messages`` with every control string in their content swapped for a placeholder
-    character, and the map from placeholder back to control string."""
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON-like value (messages, tool definitions), keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
+
+
+def _swapped(value: Any, swap: Callable[[str], str]) -> Any:
+    """``value`` with ``swap`` applied to every string in it."""
+    if isinstance(value, str):
+        return swap(value)
+    if isinstance(value, dict):
+        return {swap(k): _swapped(v, swap) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_swapped(item, swap) for item in value)
+    return value
+
+
+def _escaped(data: T, control: Mapping[str, int], template: str) -> tuple[T, dict[str, str]]:
+    """``data`` (messages, tools) with every control string in its strings swapped for a
+    placeholder character, and the map from placeholder back to control string."""
     pattern = markup_pattern(control)
-    found = sorted({m.group() for msg in messages for m in (pattern.finditer(msg["content"]) if pattern else ())})
+    found = sorted({m.group() for text in _strings(data) for m in (pattern.finditer(text) if pattern else ())})
     if not found:
-        return messages, {}
-    taken = {*template, *(c for msg in messages for c in msg["content"])}
+        return data, {}
+    taken = {*template, *(c for text in _strings(data) for c in text)}
     free = (chr(c) for c in _PRIVATE_USE if chr(c) not in taken)
     placeholder = {s: next(free, None) for s in found}
     if None in placeholder.values():
         raise PromptError("the messages use every private-use character; no placeholder is left for markup in them")
     swap = {s: str(p) for s, p in placeholder.items()}
     assert pattern is not None
-    escaped = [{**msg, "content": pattern.sub(lambda m: swap[m.group()], msg["content"])} for msg in messages]
+    escaped = _swapped(data, lambda text: pattern.sub(lambda m: swap[m.group()], text))
     return escaped, {p: s for s, p in swap.items()}
 
 
-def encode_messages(tokenizer: Tokenizer, messages: list[dict[str, str]], limit: int | None = None) -> list[int]:
+def encode_messages(
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    limit: int | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """Token ids of ``messages`` through the tokenizer's chat template, ending with the
-    assistant's turn opening, so the model answers rather than continues. Only the
-    template's own markup becomes control tokens; the messages are text (see above).
+    assistant's turn opening, so the model answers rather than continues; ``tools``: the
+    functions the template lists for the model to call. Only the template's own markup
+    becomes control tokens; the messages and tools are text (see above).
     ``PromptTooLong`` when the result would be over ``limit`` tokens, found before tokenizing."""
-    escaped, restore = _escaped(messages, tokenizer.control_tokens, tokenizer.chat_template or "")
-    rendered = tokenizer.apply_chat_template(escaped, add_generation_prompt=True, tokenize=False)
+    both, restore = _escaped([messages, tools], tokenizer.control_tokens, tokenizer.chat_template or "")
+    escaped, escaped_tools = cast(list[dict[str, Any]], both[0]), both[1]
+    rendered = tokenizer.apply_chat_template(escaped, add_generation_prompt=True, tokenize=False, tools=escaped_tools)
     # The template already holds the special tokens (BOS, role markers): add none twice.
     return encode_marked_up(tokenizer, rendered, restore, limit)
 

@@ -169,6 +169,11 @@ class GrammarSpec(_Strict):
 
     kind: GrammarKind
     text: str = Field("", description="the schema, grammar or expression; unused for json_object")
+    trigger: str | None = Field(
+        None,
+        description="the grammar applies from where the output first holds this text (a tool call's opening "
+        "tag), which the grammar's own text starts with; free text before it; None = from the start",
+    )
 
 
 class GenerationConfig(_Strict):

@@ -17,7 +17,7 @@ from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, model_drafter, text_bridge
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
-from draftwise.grammar import Constrained, Constraint, Grammars
+from draftwise.grammar import Constrained, Constraint, Grammars, Triggered
 from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.metrics import GenerationMetrics
 from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy
@@ -57,7 +57,7 @@ class _Run:
         eos_ids: tuple[int, ...],
         tokenizer: Tokenizer | None,
         policy: DraftPolicy,
-        constraint: Constraint | None = None,
+        constraint: Constraint | Triggered | None = None,
     ) -> None:
         self.config = config
         self.constraint = constraint
@@ -269,7 +269,7 @@ class SpeculativeEngine:
             # reading): the target frees what the run held (a remote verifier's session).
             self.target.finish()
 
-    def _constraint(self, config: GenerationConfig) -> Constraint | None:
+    def _constraint(self, config: GenerationConfig) -> Constraint | Triggered | None:
         if config.grammar is None:
             return None
         if self.grammars is None:

@@ -23,6 +23,7 @@ separator, quote and key, where free white space would leave each a choice of th
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +52,12 @@ KIND_NAMES = {
     "gbnf": "GBNF grammar",
     "regex": "regular expression",
 }
+
+
+# How Qwen2.5 (and other Hermes-style chat templates) write a tool call: the template lists the
+# tools, and the model answers with one or more of these.
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(TOOL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CLOSE), re.DOTALL)
 
 
 class GrammarError(DraftwiseError, ValueError):
@@ -90,6 +97,59 @@ def grammar_text(spec: GrammarSpec) -> str:
     if spec.kind == "regex":
         return str(llg.grammar_from_regex(spec.text))
     return str(llg.grammar_from_lark(spec.text))
+
+
+def tool_call_grammar(functions: Sequence[tuple[str, dict[str, Any]]], parallel: bool, required: bool) -> GrammarSpec:
+    """The grammar of an answer that calls tools: ``<tool_call>\n{"name": N, "arguments": A}\n
+    </tool_call>``, one call or (``parallel``) several on their own lines, where N names one of
+    ``functions`` (name, parameters schema) and A follows that function's schema. ``required``:
+    the answer is calls from its first token; else (OpenAI's ``auto``) free text until the model
+    opens a call. With the JSON layout above, everything up to the first argument's value is
+    forced when there is one function: ``<tool_call>\n{"name": "get_weather", "arguments":
+    {"city": "``."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for name, parameters in functions
+    ]
+    schema = {"x-guidance": JSON_OPTIONS, "anyOf": calls}
+    more = ' ("\\n" call)*' if parallel else ""
+    text = f'start: call{more}\ncall: "{TOOL_OPEN}\\n" body "\\n{TOOL_CLOSE}"\nbody: %json {json.dumps(schema)}'
+    return GrammarSpec(kind="lark", text=text, trigger=None if required else TOOL_OPEN)
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """(the text before the first call, [(function name, arguments as a JSON string)]) of an
+    answer in the format above; a call that does not parse stays in the text."""
+    calls: list[tuple[str, str]] = []
+    first = None
+    for match in _CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            continue
+        arguments = call.get("arguments", {})
+        calls.append((call["name"], json.dumps(arguments, ensure_ascii=False)))
+        first = match.start() if first is None else first
+    return (text if first is None else text[:first]), calls
+
+
+def held_back(text: str) -> int:
+    """Where streamed text must stop while an answer may still open a tool call: at the call's
+    opening tag, or at an end of ``text`` that could be the start of one."""
+    at = text.find(TOOL_OPEN)
+    if at >= 0:
+        return at
+    for size in range(min(len(TOOL_OPEN) - 1, len(text)), 0, -1):
+        if TOOL_OPEN.startswith(text[-size:]):
+            return len(text) - size
+    return len(text)
 
 
 class _Encoder:
@@ -139,13 +199,17 @@ class Grammars:
             raise GrammarError(f"invalid {KIND_NAMES[spec.kind]}: {_one_line(messages[0])}")
         return grammar
 
-    def constraint(self, spec: GrammarSpec) -> Constraint:
-        """A fresh matcher of ``spec`` for one stream."""
+    def constraint(self, spec: GrammarSpec) -> Constraint | Triggered:
+        """A fresh matcher of ``spec`` for one stream (waiting for its trigger, if it has one)."""
         grammar = self.check(spec)
         matcher = _llguidance().LLMatcher(self.vocabulary(), grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {KIND_NAMES[spec.kind]}: {_one_line(matcher.get_error())}")
-        return Constraint(matcher, self.vocab_size)
+        constraint = Constraint(matcher, self.vocab_size)
+        if spec.trigger is None:
+            return constraint
+        trigger = self.tokenizer.encode(spec.trigger, add_special_tokens=False, parse_special=False)
+        return Triggered(constraint, trigger)
 
 
 def _one_line(message: str) -> str:
@@ -169,17 +233,33 @@ class Constraint:
         """Tokens the grammar forces next (empty where the model has a choice)."""
         return [] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
 
-    def cut(self, tokens: Sequence[int]) -> int:
-        """How many of ``tokens`` the grammar allows in a row from here."""
-        return int(self.matcher.validate_tokens(list(tokens))) if len(tokens) else 0
+    def cut(self, tokens: Sequence[int], after: Sequence[int] = ()) -> int:
+        """How many of ``tokens`` the grammar allows in a row from here (``after`` ``after``)."""
+        if not len(tokens) or not self._enter(after):
+            return 0
+        try:
+            return int(self.matcher.validate_tokens(list(tokens)))
+        finally:
+            self._leave(after)
 
-    def masks(self, block: Sequence[int]) -> torch.Tensor:  # [k + 1, V] bool: row i allows after block[:i]
-        """The allowed tokens at each row a verification of ``block`` scores.
+    def _enter(self, tokens: Sequence[int]) -> bool:
+        """Follow ``tokens`` for a moment (``_leave`` undoes it); whether the grammar took them."""
+        return not tokens or bool(self.matcher.consume_tokens([int(t) for t in tokens]))
+
+    def _leave(self, tokens: Sequence[int]) -> None:
+        if tokens:
+            self.matcher.rollback(len(tokens))
+
+    def masks(self, block: Sequence[int], after: Sequence[int] = ()) -> torch.Tensor:  # [k + 1, V] bool
+        """The allowed tokens at each row a verification of ``block`` scores (row i: after
+        ``block[:i]``), once ``after`` is committed as well.
 
         Example: grammar ``"ab" | "ac"``, spelt one character a token, nothing committed,
         block ``[a]``: row 0 allows ``a`` only, row 1 allows ``b`` and ``c``.
         """
         bits = np.zeros((len(block) + 1, self.words), dtype=np.int32)
+        if not self._enter(after):
+            raise GrammarError("the grammar refused its own opening")
         consumed = 0
         for i in range(len(block) + 1):
             row = bits[i]
@@ -190,6 +270,7 @@ class Constraint:
         self.mask_calls += consumed + 1
         if consumed:
             self.matcher.rollback(consumed)
+        self._leave(after)
         allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
         return torch.from_numpy(allowed.astype(bool))
 
@@ -207,13 +288,77 @@ class Constraint:
         return bool(self.matcher.is_accepting())
 
 
+class Triggered:
+    """A grammar that applies only from its trigger on: the output is free text until it holds
+    the ``trigger`` tokens (a tool call's opening tag, which the grammar itself starts with),
+    and follows the grammar from there, the trigger included. Same interface as ``Constraint``.
+
+    Example: trigger ``[T]``, block ``[a, T, b]``: rows 0 and 1 (scoring ``a`` and ``T``) are
+    free text; row 2 scores the token after ``a T``, the grammar's first after its opening
+    ``T``, and row 3 the one after ``T b``.
+    """
+
+    def __init__(self, inner: Constraint, trigger: Sequence[int]) -> None:
+        self.inner = inner
+        self.trigger = [int(t) for t in trigger]
+        self.active = False
+        self._tail: list[int] = []  # the last committed tokens, while waiting (a trigger may span commits)
+
+    def _start(self, tokens: Sequence[int]) -> int | None:
+        """The index in ``tokens`` just past the trigger's first end, None if it does not end there."""
+        seq, n = self._tail + [int(t) for t in tokens], len(self.trigger)
+        for end in range(max(n, len(self._tail) + 1), len(seq) + 1):
+            if seq[end - n : end] == self.trigger:
+                return end - len(self._tail)
+        return None
+
+    def forced(self) -> list[int]:
+        return self.inner.forced() if self.active else []
+
+    def cut(self, tokens: Sequence[int]) -> int:
+        if self.active:
+            return self.inner.cut(tokens)
+        start = self._start(tokens)
+        return len(tokens) if start is None else start + self.inner.cut(tokens[start:], self.trigger)
+
+    def masks(self, block: Sequence[int]) -> torch.Tensor | None:  # [k + 1, V] bool, None: all allowed
+        if self.active:
+            return self.inner.masks(block)
+        start = self._start(block)
+        if start is None:
+            return None
+        rows = torch.ones((len(block) + 1, self.inner.vocab_size), dtype=torch.bool)
+        rows[start:] = self.inner.masks(block[start:], self.trigger)
+        return rows
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        if self.active:
+            self.inner.commit(tokens)
+            return
+        start = self._start(tokens)
+        if start is None:
+            self._tail = (self._tail + [int(t) for t in tokens])[-len(self.trigger) :]
+            return
+        self.active = True
+        self.inner.commit(self.trigger)
+        self.inner.commit(tokens[start:])
+
+    @property
+    def finished(self) -> bool:
+        return self.active and self.inner.finished
+
+    @property
+    def mask_calls(self) -> int:
+        return self.inner.mask_calls
+
+
 class Constrained:
     """A drafter under a grammar: the grammar's forced tokens wherever it forces some (a
     source that costs nothing and is always grounded), elsewhere ``inner``'s drafts cut at
     their first token the grammar forbids. ``inner`` may be None (plain decoding but for the
     forced text)."""
 
-    def __init__(self, inner: Drafter | None, constraint: Constraint) -> None:
+    def __init__(self, inner: Drafter | None, constraint: Constraint | Triggered) -> None:
         self.inner = inner
         self.constraint = constraint
         self._forced: list[int] = []

@@ -47,7 +47,12 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
 
     def apply_chat_template(
-        self, conversation: list[dict[str, str]], *, tokenize: bool = False, add_generation_prompt: bool = False
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str: ...
 
     def get_vocab(self) -> dict[str, int]: ...

@@ -42,7 +42,7 @@ from draftwise.api.translate import (
 from draftwise.chat import PromptTooLong
 from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
-from draftwise.grammar import Grammars
+from draftwise.grammar import Grammars, held_back, parse_tool_calls
 from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.metrics import GenerationMetrics
 from draftwise.prediction import PREDICTION
@@ -103,6 +103,7 @@ class Transcript:
         self.metrics = GenerationMetrics()
         self.text: list[str] = []
         self.provenance: list[s.TokenProvenance] = []
+        self.streamed = 0  # characters of the text sent as content so far (a stream's)
 
     def add(self, event: StepEvent) -> list[s.TokenProvenance] | None:
         """Take in a step; return its provenance when the request asked for it."""
@@ -114,9 +115,37 @@ class Transcript:
         self.provenance.extend(step)
         return step
 
+    def stream_text(self) -> str:
+        """The text a stream may send as content now: all of it, but where the answer may
+        call tools, nothing from a call's opening tag on (nor an end that could start one)."""
+        full = "".join(self.text)
+        end = held_back(full) if self.plan.tools else len(full)
+        out, self.streamed = full[self.streamed : max(end, self.streamed)], max(end, self.streamed)
+        return out
+
+    def unsent(self) -> str:
+        """The text not yet sent as content (held back for a call that did not come)."""
+        full = "".join(self.text)
+        out, self.streamed = full[self.streamed :], len(full)
+        return out
+
+    def tool_calls(self) -> tuple[str, list[s.ToolCall]]:
+        """(the content, the tool calls) of a finished answer; without calls, all is content."""
+        text = "".join(self.text)
+        if not self.plan.tools:
+            return text, []
+        content, calls = parse_tool_calls(text)
+        return content, [
+            s.ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=s.FunctionCall(name=name, arguments=arguments))
+            for name, arguments in calls
+        ]
+
     @property
     def finish_reason(self) -> str | None:
-        return _FINISH.get(self.metrics.finish_reason or "")
+        reason = _FINISH.get(self.metrics.finish_reason or "")
+        if reason == "stop" and self.plan.tools and parse_tool_calls("".join(self.text))[1]:
+            return "tool_calls"
+        return reason
 
     def usage(self) -> s.Usage:
         prompt = len(self.plan.prompt)
@@ -179,7 +208,7 @@ class _ChatShape(_Shape):
             id=rid,
             created=created,
             model=model,
-            choices=[s.ChatChoice(message=s.AssistantMessage(content="".join(t.text)), finish_reason=t.finish_reason)],
+            choices=[s.ChatChoice(message=_message(t), finish_reason=t.finish_reason)],
             usage=t.usage(),
             speculative=t.stats(),
             provenance=t.provenance if t.plan.provenance else None,
@@ -194,6 +223,18 @@ class _ChatShape(_Shape):
             delta = s.ChatDelta(role="assistant" if first else None, content=text if text or first else None)
             choices = [s.ChatChunkChoice(delta=delta, finish_reason=finish)]
         return s.ChatCompletionChunk(id=rid, created=created, model=model, choices=choices)
+
+    def tool_chunk(self, rid: str, created: int, model: str, calls: list[s.ToolCall]) -> s.ChatCompletionChunk:
+        deltas = [s.ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(calls)]
+        choice = s.ChatChunkChoice(delta=s.ChatDelta(tool_calls=deltas))
+        return s.ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
+
+
+def _message(t: Transcript) -> s.AssistantMessage:
+    content, calls = t.tool_calls()
+    if not calls:
+        return s.AssistantMessage(content=content)
+    return s.AssistantMessage(content=content.strip() or None, tool_calls=calls)
 
 
 def _sse(data: BaseModel | dict[str, Any]) -> str:
@@ -393,14 +434,17 @@ class _Service:
         try:
             async for event in events:
                 provenance = t.add(event)
+                text = t.stream_text()
                 # With provenance every target pass gets its chunk, even one whose tokens a stop cut away.
-                if event.text or provenance is not None or first:
-                    chunk = shape.chunk(rid, created, model, event.text, None, first)
+                if text or provenance is not None or first:
+                    chunk = shape.chunk(rid, created, model, text, None, first)
                     chunk.provenance = provenance
                     if provenance is not None:
                         chunk.step = _step(event, self.tokenizer)
                     yield _sse(chunk)
                     first = False
+            for chunk in _tool_chunk_list(t, shape, rid, created, model):
+                yield _sse(chunk)
             last = shape.chunk(rid, created, model, "", t.finish_reason, first)
             last.speculative = t.stats()
             yield _sse(last)
@@ -413,6 +457,18 @@ class _Service:
         except Exception as exc:  # a fault in generation: say so in the stream rather than cut it short
             yield _sse(_internal(exc).payload())
         yield "data: [DONE]\n\n"
+
+
+def _tool_chunk_list(t: Transcript, shape: _Shape, rid: str, created: int, model: str) -> list[Any]:
+    """The end of a stream that may call tools: the content held back that was not a call,
+    then every call, whole, in one chunk (OpenAI's ``delta.tool_calls``, an index on each)."""
+    if not t.plan.tools or not isinstance(shape, _ChatShape):
+        return []
+    content, calls = t.tool_calls()
+    if not calls:
+        rest = t.unsent()
+        return [shape.chunk(rid, created, model, rest, None, False)] if rest else []
+    return [shape.tool_chunk(rid, created, model, calls)]
 
 
 def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:

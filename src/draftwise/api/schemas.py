@@ -8,6 +8,7 @@ the provenance switch.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
@@ -15,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    ValidationInfo,
     create_model,
     field_validator,
     model_serializer,
@@ -216,26 +218,122 @@ class CompletionRequest(GenerationRequest):
         return ids
 
 
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class FunctionDef(_Request):
+    name: str = Field(..., pattern=FUNCTION_NAME, description="the function's name")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="a JSON schema of the arguments object",
+    )
+    strict: bool | None = Field(None, description="accepted; the arguments always follow the schema")
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class CalledFunction(_Request):
+    name: str
+    arguments: str = Field(..., description="the arguments, as a JSON object in a string")
+
+    @field_validator("arguments")
+    @classmethod
+    def _check_arguments(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            raise ValueError("arguments must be a JSON object in a string") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("arguments must be a JSON object in a string")
+        return value
+
+
+class MessageToolCall(_Request):
+    """A tool call of an earlier assistant turn, sent back as part of the conversation."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = Field(None, description="an assistant turn's tool calls")
+    tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
 
     @field_validator("content")
     @classmethod
-    def _check_content(cls, value: str | list[TextPart]) -> str | list[TextPart]:
-        for text in [value] if isinstance(value, str) else [part.text for part in value]:
+    def _check_content(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        for text in [value] if isinstance(value, str) else [part.text for part in value or []]:
             encodable(text)  # what reaches the tokenizer must be valid Unicode
         return value
 
+    @model_validator(mode="after")
+    def _check_role(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (only an assistant turn with tool_calls may leave it out)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant turn has tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("tool_call_id goes with role tool, and role tool needs it")
+        return self
+
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(..., min_length=1, description="the conversation so far")
     max_completion_tokens: Int | None = Field(None, ge=1, description="newer name of max_tokens; wins over it")
+    tools: list[Tool] | None = Field(None, max_length=128, description="functions the model may call")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required, or one function by name"
+    )
+    parallel_tool_calls: bool = Field(True, description="whether an answer may hold several tool calls")
+
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, tools: list[Tool] | None, info: ValidationInfo) -> list[Tool] | None:
+        names = [tool.function.name for tool in tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("two functions have the same name")
+        fmt = info.data.get("response_format")
+        if names and fmt is not None and fmt.type != "text":
+            raise ValueError("tools and a JSON response_format together are not supported: use one of them")
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_choice(cls, choice: Any, info: ValidationInfo) -> Any:
+        names = [tool.function.name for tool in info.data.get("tools") or []]
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"no tool is named {choice.function.name!r}")
+        if choice == "required" and not names:
+            raise ValueError("required needs tools")
+        return choice
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the model is offered tools (tool_choice none takes them away)."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -341,9 +439,29 @@ class CompletionResponse(_Envelope):
     choices: list[CompletionChoice]
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(..., description="the arguments, as a JSON object in a string")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler: Any) -> dict[str, Any]:
+        # As at OpenAI: an answer without tool calls has no tool_calls key.
+        out: dict[str, Any] = handler(self)
+        if out.get("tool_calls") is None:
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChatChoice(BaseModel):
@@ -358,9 +476,19 @@ class ChatCompletionResponse(_Envelope):
     choices: list[ChatChoice]
 
 
+class ToolCallDelta(BaseModel):
+    """One tool call in a stream, whole in one chunk: ``index`` says which of the answer's calls."""
+
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_absent(self, handler: Any) -> dict[str, Any]:

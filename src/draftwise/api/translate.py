@@ -13,7 +13,13 @@ from typing import Any, cast
 from pydantic import BaseModel, ValidationError
 
 from draftwise.api.errors import APIError, invalid, validation_error
-from draftwise.api.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from draftwise.api.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    GenerationRequest,
+    NamedToolChoice,
+)
 from draftwise.api.settings import ServerSettings
 from draftwise.chat import PromptError, PromptTooLong, encode_messages, encode_raw
 from draftwise.config import (
@@ -24,7 +30,7 @@ from draftwise.config import (
     GrammarSpec,
     SamplingConfig,
 )
-from draftwise.grammar import GrammarError, Grammars
+from draftwise.grammar import TOOL_CLOSE, TOOL_OPEN, GrammarError, Grammars, tool_call_grammar
 from draftwise.lm import Tokenizer
 
 
@@ -37,6 +43,7 @@ class Plan:
     drafter: DrafterName
     provenance: bool
     cache_prompt: bool = True
+    tools: bool = False  # the answer may call tools: its text is read for calls
 
 
 def encode_completion(
@@ -52,23 +59,56 @@ def encode_completion(
     return list(ids)
 
 
-def _fallback_chat(messages: list[dict[str, str]]) -> str:
+def _fallback_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
     """A plain transcript for tokenizers without a chat template (base and test models)."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    listed = "".join(f"tool: {json.dumps(tool['function'])}\n" for tool in tools or [])
+    turns = "".join(f"{m['role']}: {m['content']}{_fallback_calls(m)}\n" for m in messages)
+    return listed + turns + "assistant:"
+
+
+def _fallback_calls(message: dict[str, Any]) -> str:
+    calls = message.get("tool_calls") or []
+    return "".join(f"{TOOL_OPEN}\n{json.dumps(call['function'])}\n{TOOL_CLOSE}" for call in calls)
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it: Hugging Face's convention, where a tool call's
+    arguments are an object (OpenAI sends them as JSON text)."""
+    # Older templates know no "developer" role; it is OpenAI's new name for "system".
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role, "content": message.text}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": json.loads(call.function.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def _template_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    if not request.calls_tools:
+        return None
+    return [tool.model_dump(exclude_none=True) for tool in request.tools or []]
 
 
 def encode_chat(request: ChatCompletionRequest, tokenizer: Tokenizer, limit: int | None = None) -> list[int]:
-    """A conversation's ids through the model's chat template; the messages are text (no
-    string in them becomes a control token), only the template writes markup.
-    ``PromptTooLong`` when it cannot fit in ``limit`` tokens, found before tokenizing."""
+    """A conversation's ids through the model's chat template, with the tools it may call;
+    the messages are text (no string in them becomes a control token), only the template
+    writes markup. ``PromptTooLong`` when it cannot fit in ``limit`` tokens, found before
+    tokenizing."""
     from jinja2 import TemplateError
 
-    # Older templates know no "developer" role; it is OpenAI's new name for "system".
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in request.messages]
+    messages = [_template_message(m) for m in request.messages]
+    tools = _template_tools(request)
     if not getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.encode(_fallback_chat(messages), parse_special=False))
+        return list(tokenizer.encode(_fallback_chat(messages, tools), parse_special=False))
     try:
-        return encode_messages(tokenizer, messages, limit)
+        return encode_messages(tokenizer, messages, limit, tools)
     except PromptTooLong:
         raise
     except (TemplateError, PromptError) as exc:
@@ -116,7 +156,13 @@ def check_prediction(
 
 
 def grammar_spec(request: GenerationRequest) -> GrammarSpec | None:
-    """The grammar a request's ``response_format`` asks for; None for free text."""
+    """The grammar a request's ``response_format`` or tools ask for; None for free text."""
+    if isinstance(request, ChatCompletionRequest) and request.calls_tools:
+        tools = request.tools or []
+        choice = request.tool_choice
+        named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        functions = [(t.function.name, t.function.parameters) for t in tools if named in (None, t.function.name)]
+        return tool_call_grammar(functions, request.parallel_tool_calls, required=choice == "required" or bool(named))
     fmt = request.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -136,7 +182,8 @@ def check_grammar(request: GenerationRequest, grammars: Grammars | None) -> None
     try:
         grammars.check(spec)
     except GrammarError as exc:
-        raise APIError(400, str(exc), param="response_format", code="invalid_schema") from exc
+        param = "tools" if isinstance(request, ChatCompletionRequest) and request.calls_tools else "response_format"
+        raise APIError(400, str(exc), param=param, code="invalid_schema") from exc
 
 
 def _validated(cls: type[BaseModel], data: dict[str, Any], prefix: tuple[str, ...]) -> Any:
@@ -204,4 +251,5 @@ def plan(
         drafter=drafter,
         provenance=options is not None and options.provenance,
         cache_prompt=options is None or options.cache_prompt,
+        tools=isinstance(request, ChatCompletionRequest) and request.calls_tools,
     )

@@ -53,14 +53,20 @@ def _compiled(template: str) -> Any:
 
 
 def render_chat(
-    template: str, messages: list[dict[str, str]], add_generation_prompt: bool, special: dict[str, str]
+    template: str,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    special: dict[str, str],
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """``messages`` through a Jinja chat ``template``; ``special`` names tokens such as
-    ``bos_token`` that templates write out."""
+    ``bos_token`` that templates write out; ``tools``: the functions the model may call."""
     from jinja2 import TemplateError
 
     try:
-        return _compiled(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
+        return _compiled(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **special
+        )
     except TemplateError as exc:
         raise ChatTemplateRenderError(str(exc)) from exc
 
@@ -148,14 +154,19 @@ class GGUFTokenizer:
         raise RuntimeError("llama_detokenize asked for more room twice")
 
     def apply_chat_template(
-        self, conversation: list[dict[str, str]], *, tokenize: bool = False, add_generation_prompt: bool = False
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         if tokenize:
             raise ValueError("apply_chat_template renders text; encode it with encode(text, add_special_tokens=False)")
         if not self.chat_template:
             raise ChatTemplateRenderError("the model has no chat template")
         special = {"bos_token": self._text(self.bos_token_id), "eos_token": self._text(self.eos_token_id)}
-        return render_chat(self.chat_template, conversation, add_generation_prompt, special)
+        return render_chat(self.chat_template, conversation, add_generation_prompt, special, tools)
 
     @functools.cached_property
     def _vocab_map(self) -> dict[str, int]:

@@ -64,11 +64,16 @@ class HFTokenizer:
             return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, conversation: list[dict[str, str]], *, tokenize: bool = False, add_generation_prompt: bool = False
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         with self._lock:
             return self.hf.apply_chat_template(
-                conversation, tokenize=tokenize, add_generation_prompt=add_generation_prompt
+                conversation, tokenize=tokenize, add_generation_prompt=add_generation_prompt, tools=tools
             )
 
     def get_vocab(self) -> dict[str, int]:

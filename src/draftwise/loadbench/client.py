@@ -43,13 +43,17 @@ class Answer:
 
 
 def chunk_text(chunk: dict[str, Any]) -> str:
-    """The text a stream chunk adds: a completion's ``text`` or a chat ``delta.content``."""
+    """The text a stream chunk adds: a completion's ``text`` or a chat ``delta.content``, and
+    the arguments of a tool call (a server may send them whole or in pieces)."""
     text = ""
     for choice in chunk.get("choices") or []:
         if "text" in choice:
             text += choice["text"] or ""
-        else:
-            text += (choice.get("delta") or {}).get("content") or ""
+            continue
+        delta = choice.get("delta") or {}
+        text += delta.get("content") or ""
+        for call in delta.get("tool_calls") or []:
+            text += (call.get("function") or {}).get("arguments") or ""
     return text
 
 

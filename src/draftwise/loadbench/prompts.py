@@ -21,7 +21,8 @@ from draftwise.bench.dataset import read_prompts, select, spec_bench_path
 from draftwise.loadbench.config import CODE_COMPLETION, NONE, SPEC_BENCH, LoadConfig, LoadError
 
 PREDICTION = "prediction"  # an --edit task's field (and the request's): the expected answer
-RESPONSE_FORMAT = "response_format"  # a --structured task's field (and the request's)
+# A --structured task's fields that go into its requests as they are: a JSON schema, or tools.
+STRUCTURED_FIELDS = ("response_format", "tools", "tool_choice", "parallel_tool_calls")
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,8 @@ class LoadPrompt:
     text: str
     chat: bool  # a chat turn (chat endpoint) or a raw prompt (completions endpoint)
     prediction: str | None = None  # an edit task's expected answer (OpenAI's Predicted Outputs)
-    response_format: dict[str, Any] | None = None  # a structured-output task's JSON schema, for every server
+    # A structured-output task's request fields (response_format, or tools and tool_choice), for every server.
+    structured: dict[str, Any] | None = None
 
     def body(self, model: str, max_tokens: int, predict: bool = False) -> dict[str, Any]:
         """The request both kinds of server take: greedy, streamed, with token usage at the end;
@@ -45,8 +47,7 @@ class LoadPrompt:
         }
         if predict and self.prediction is not None:
             common[PREDICTION] = {"type": "content", "content": self.prediction}
-        if self.response_format is not None:
-            common[RESPONSE_FORMAT] = self.response_format
+        common.update(self.structured or {})
         if self.chat:
             return {**common, "messages": [{"role": "user", "content": self.text}]}
         return {**common, "prompt": self.text}
@@ -61,7 +62,7 @@ class LoadPrompt:
         with a response format)."""
         if self.prediction is not None:
             return "edit"
-        if self.response_format is not None:
+        if self.structured is not None:
             return "structured"
         return "chat" if self.chat else "code"
 
@@ -119,6 +120,26 @@ def _task_source(
     ]
 
 
+def _structured_source(data: str, subtasks: Sequence[str] | None, limit: int | None) -> list[LoadPrompt]:
+    """The chat prompts of a --structured file, each with its request fields (``STRUCTURED_FIELDS``)."""
+    if data == NONE:
+        return []
+    path = Path(data).expanduser()
+    prompts = read_prompts(path)
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    fields = {}
+    for number, (prompt, row) in enumerate(zip(prompts, rows), start=1):
+        found = {k: row[k] for k in STRUCTURED_FIELDS if k in row}
+        if "response_format" not in found and "tools" not in found:
+            raise LoadError(f"--structured {path}, task {number}: a task needs a 'response_format' or 'tools'")
+        fields[prompt.id] = found
+    chosen = [p for p in prompts if not subtasks or p.subtask in subtasks]
+    return [
+        LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=True, structured=fields[p.id])
+        for p in select(chosen, None, limit)
+    ]
+
+
 def load_prompts(config: LoadConfig) -> list[LoadPrompt]:
     """The prompts of a run: the code prompts, the chat prompts, then the edit tasks, at most
     ``limit`` per subtask; ``subtasks`` picks among the subtasks of all three sources."""
@@ -126,7 +147,7 @@ def load_prompts(config: LoadConfig) -> list[LoadPrompt]:
         _source(config.code, False, config.subtasks, config.limit)
         + _source(config.data, True, config.subtasks, config.limit)
         + _task_source(config.edit, PREDICTION, str, "--edit", config.subtasks, config.limit)
-        + _task_source(config.structured, RESPONSE_FORMAT, dict, "--structured", config.subtasks, config.limit)
+        + _structured_source(config.structured, config.subtasks, config.limit)
     )
     missing = [s for s in config.subtasks or () if s not in {p.subtask for p in prompts}]
     if missing:

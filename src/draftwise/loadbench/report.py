@@ -140,13 +140,14 @@ def mismatch_section(audits: Sequence[dict[str, Any]] | None, compared: int) -> 
 METHOD = """Each server runs as a child process on 127.0.0.1 (one start per server and concurrency C,
 with C slots), gets one untimed warm-up request, then C streaming clients share the prompt list:
 each client sends the next unsent prompt as soon as its previous answer has ended, until every
-prompt was sent once. Code prompts go raw to `/v1/completions`, chat prompts, code-edit tasks and
-structured-output tasks as one user message to `/v1/chat/completions`; greedy (temperature 0), the same `max_tokens`, no
-`ignore_eos` (draftwise's API has none), so an answer may end early at the model's end of turn.
-A code-edit task's request carries its predicted answer (OpenAI's `prediction`: the file unchanged)
-to `draftwise` only; `draftwise-noprediction` is the same server asked without it, and llama-server
-gets none. A structured-output task's request carries its `response_format` (a JSON schema) to
-every server.
+prompt was sent once. Code prompts go raw to `/v1/completions`; chat prompts, code-edit tasks and
+structured-output tasks go as one user message to `/v1/chat/completions`; greedy (temperature 0),
+the same `max_tokens`, no `ignore_eos` (draftwise's API has none), so an answer may end early at
+the model's end of turn. A code-edit task's request carries its predicted answer (OpenAI's
+`prediction`: the file unchanged) to `draftwise` only; `draftwise-noprediction` is the same server
+asked without it, and llama-server gets none. A structured-output task's request carries its
+`response_format` (a JSON schema), or its tools and `tool_choice`, to every server (llama-server
+then runs with `--jinja`).
 
 - tok/s: the run's completion tokens (the servers' own `usage` counts) over its wall time, from the
   first request sent to the last stream ended.
@@ -157,8 +158,8 @@ every server.
 - TTFT: to the first chunk that carries text; latency: to the end of the stream.
 - prediction accepted / rejected: the summed `usage.completion_tokens_details` counts of the answers
   (blank where the server reported none).
-- JSON answers: the structured-output answers that parse as JSON, of those answered (blank without
-  such tasks).
+- JSON answers: the structured-output answers that parse as JSON (a tool call's: its arguments),
+  of those answered (blank without such tasks).
 - identical to alone: the answer's text equals the same prompt's answer on the same server at C = 1.
   Where it differs, both texts are tokenized with the target's tokenizer and the target (loaded in
   the benchmark's process) gives its top-2 logit gap before the first differing token."""
@@ -170,10 +171,8 @@ def _header(config: LoadConfig, info: dict[str, Any], prompts: Sequence[LoadProm
     edits = sum(p.prediction is not None for p in prompts)
     predicted = [s for s in config.servers if sends_prediction(s)]
     edit_line = f"- code edits: {edits} from {config.edit}, with their prediction to {', '.join(predicted) or 'none'}"
-    structured = sum(p.response_format is not None for p in prompts)
-    structured_line = (
-        f"- structured output: {structured} from {config.structured}, with their JSON schema to every server"
-    )
+    structured = sum(p.structured is not None for p in prompts)
+    structured_line = f"- structured output: {structured} from {config.structured}, with their schema or tools"
     return [
         f"# draftwise load: {config.target} (draft: {config.draft_model or 'none'})",
         "",

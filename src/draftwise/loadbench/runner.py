@@ -39,7 +39,7 @@ def request_record(answer: Answer, run: dict[str, Any]) -> dict[str, Any]:
         "subtask": p.subtask,
         "chat": p.chat,
         "edit": p.prediction is not None,
-        "structured": p.response_format is not None,
+        "structured": p.structured is not None,
         "predicted": p.prediction is not None and sends_prediction(run["server"]),  # sent with its prediction
         "start_s": answer.start_s,
         "status": answer.status,

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftwise.loadbench.config import DRAFTWISE_SERVERS, LLAMA_SERVERS, LoadConfig, LoadError
+from draftwise.loadbench.config import DRAFTWISE_SERVERS, LLAMA_SERVERS, NONE, LoadConfig, LoadError
 
 HOST = "127.0.0.1"
 CLI = [sys.executable, "-c", "from draftwise.cli import main; main()"]
@@ -128,6 +128,8 @@ def llama_server(config: LoadConfig, slots: int, name: str = "llama-server") -> 
     threads = str(config.threads)
     argv = [str(llama_server_binary(config)), "-m", str(gguf(config.target, "target"))]
     argv += ["-t", threads, "-tb", threads, "-np", str(slots), "-c", str(config.context * slots)]
+    if config.structured != NONE:
+        argv.append("--jinja")  # tools and their calls go through the model's own chat template
     return Server(name, tuple(argv + speculation_args(config, name)), config.target)
 
 
