@@ -21,7 +21,7 @@ from draftwise.drafters import NGramDrafter, build_drafter
 from draftwise.engine import grammars_of
 from draftwise.grammar import GRAMMAR, GrammarError, held_back, parse_tool_calls, tool_call_grammar
 from draftwise.target import LocalTarget
-from draftwise.verify import apply_mask, verify
+from draftwise.verify import apply_mask, masked_argmax, pack_bits, unpack_bits, verify
 
 from stats_support import ALPHA, as_dist, chi2_pvalue
 
@@ -56,20 +56,38 @@ def ids(tokenizer, text: str) -> list[int]:
 # --- the mask in closed form --------------------------------------------------------------------
 
 
+def bits(*rows: list[bool]) -> torch.Tensor:
+    return pack_bits(torch.tensor(rows))
+
+
 def test_apply_mask_worked_example():
-    masked = apply_mask(torch.tensor([[2.0, 5.0, 1.0]]), torch.tensor([[True, False, True]]))
+    masked = apply_mask(torch.tensor([[2.0, 5.0, 1.0]]), bits([True, False, True]))
     assert masked.tolist() == [[2.0, -math.inf, 1.0]]
 
 
-def test_a_mask_narrower_than_the_scores_forbids_the_ids_past_it():
-    # The model's score rows may be wider than the tokenizer (padding ids): never allowed.
-    masked = apply_mask(torch.tensor([[1.0, 0.0, 9.0]]), torch.tensor([[True, True]]))
-    assert masked[0, 2] == -math.inf
+def test_the_bitmask_holds_token_j_at_bit_j_mod_32_of_word_j_div_32():
+    allowed = torch.zeros(2, 70, dtype=torch.bool)
+    allowed[0, [0, 33]] = True
+    allowed[1, 69] = True
+    packed = pack_bits(allowed)
+    assert packed.shape == (2, 3) and packed.dtype == torch.int32
+    assert packed.tolist() == [[1, 2, 0], [0, 0, 1 << 5]]
+    assert torch.equal(unpack_bits(packed, 70), allowed)
+    assert not unpack_bits(packed, 100)[:, 70:].any()  # past the mask: not allowed
+
+
+def test_masked_argmax_keeps_an_allowed_argmax_and_masks_the_other_rows():
+    rows = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 1.0], [0.0, 0.0, 9.0]])
+    mask = bits([True, True, False], [False, True, True], [True, True, False])
+    assert masked_argmax(rows, mask).tolist() == [1, 2, 0]
+    assert masked_argmax(rows, None).tolist() == [1, 0, 2]
+    # A score row wider than the mask (padding ids): its argmax there is not allowed.
+    assert masked_argmax(torch.tensor([[1.0, 0.0, 9.0]]), bits([True, True])).tolist() == [0]
 
 
 def test_greedy_verification_takes_the_argmax_under_the_mask():
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 9.0]])
-    mask = torch.tensor([[True, False, True, True], [False, True, True, True], [True, True, True, True]])
+    mask = bits([True, False, True, True], [False, True, True, True], [True, True, True, True])
     # Unmasked the argmax is 1, 0, 3; masked it is 3, 2, 3.
     verdict, _ = verify(torch.tensor([3, 1]), None, logits, 0.0, 0, 1.0, None, mask)
     assert (verdict.n_accepted, verdict.next_token) == (1, 2)
@@ -94,7 +112,7 @@ def first_token(mask: torch.Tensor | None, point_mass: bool, generator: torch.Ge
     else:
         draft, q = torch.multinomial(Q, 1, generator=generator), Q[None]
     logits = P.log()[None].expand(2, -1)
-    rows = None if mask is None else mask[None].expand(2, -1)
+    rows = None if mask is None else pack_bits(mask[None].expand(2, -1))
     verdict, _ = verify(draft, q, logits, 1.0, 0, 1.0, generator, rows)
     return int(draft[0]) if verdict.n_accepted else verdict.next_token
 
@@ -122,8 +140,8 @@ def grammars(tiny_target):
     return grammars_of(tiny_target)
 
 
-def allowed(row: torch.Tensor) -> set[int]:
-    return set(torch.nonzero(row).flatten().tolist())
+def allowed(row: torch.Tensor) -> set[int]:  # a bitmask row's allowed tokens
+    return set(torch.nonzero(unpack_bits(row[None], 32 * row.shape[0])[0]).flatten().tolist())
 
 
 def test_masks_forced_tokens_and_cuts_worked_by_hand(grammars, tiny_target):
@@ -133,7 +151,7 @@ def test_masks_forced_tokens_and_cuts_worked_by_hand(grammars, tiny_target):
     constraint = grammars.constraint(regex("a(b|c)d"))
     assert constraint.forced() == [a]
     rows = constraint.masks([a])
-    assert rows.shape == (2, tiny_target.vocab_size)
+    assert rows.shape == (2, (tiny_target.vocab_size + 31) // 32)
     assert allowed(rows[0]) == {a} and allowed(rows[1]) == {b, c}
     assert constraint.masks([]).shape[0] == 1  # walked and rolled back: nothing committed
     constraint.commit([a])

@@ -662,3 +662,21 @@ def test_structured_answers_are_counted_when_they_parse_as_json():
     ]
     assert parsed_json(requests) == (1, 2) and parsed_json(requests[2:]) is None
     assert summarize(Run(_run("a", "draftwise", 2, 4.0), requests), None)["parsed_json"] == (1, 2)
+
+
+def test_tool_call_tasks_carry_two_to_five_tools_to_every_server():
+    path = ROOT / "benchmarks" / "data" / "tool_calls.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) >= 24 and {len(r["tools"]) for r in rows} == {2, 3, 4, 5}
+    assert all(r["expected"] in [t["function"]["name"] for t in r["tools"]] for r in rows)
+    prompts = load_prompts(LoadConfig(servers=("draftwise",), code="none", data="none", structured=str(path), limit=30))
+    body = prompts[0].body("m", 16)
+    assert body["tools"] == rows[0]["tools"] and body["tool_choice"] == "required"
+    assert body["parallel_tool_calls"] is False and "response_format" not in body
+
+
+def test_a_structured_task_without_a_schema_or_tools_is_refused(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"id": "a", "subtask": "x", "turns": ["Hi"]}) + "\n")
+    with pytest.raises(LoadError, match="task 1: a task needs a 'response_format' or 'tools'"):
+        load_prompts(LoadConfig(servers=("draftwise",), code="none", data="none", structured=str(path)))

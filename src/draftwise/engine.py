@@ -85,7 +85,7 @@ class _Run:
         choice = self.policy.choose(offers, self.remaining)
         return Choice(choice.offer, min(choice.k, self.remaining - 1)) if choice.k else PLAIN
 
-    def masks(self, proposal: Proposal) -> torch.Tensor | None:  # [k + 1, V] bool, or None: all allowed
+    def masks(self, proposal: Proposal) -> torch.Tensor | None:  # [k + 1, W] int32 bitmask, or None: all allowed
         """What the grammar allows at each row the verification of ``proposal`` scores."""
         return self.constraint.masks(proposal.tokens.tolist()) if self.constraint is not None else None
 

@@ -250,9 +250,11 @@ class Constraint:
         if tokens:
             self.matcher.rollback(len(tokens))
 
-    def masks(self, block: Sequence[int], after: Sequence[int] = ()) -> torch.Tensor:  # [k + 1, V] bool
+    def masks(self, block: Sequence[int], after: Sequence[int] = ()) -> torch.Tensor:  # [k + 1, W] int32
         """The allowed tokens at each row a verification of ``block`` scores (row i: after
-        ``block[:i]``), once ``after`` is committed as well.
+        ``block[:i]``), once ``after`` is committed as well, as a bitmask
+        (``draftwise.verify.pack_bits``: bit ``j % 32`` of word ``j // 32`` allows token ``j``).
+        Rows past a token the grammar refuses allow nothing (drafts are cut before that).
 
         Example: grammar ``"ab" | "ac"``, spelt one character a token, nothing committed,
         block ``[a]``: row 0 allows ``a`` only, row 1 allows ``b`` and ``c``.
@@ -271,8 +273,7 @@ class Constraint:
         if consumed:
             self.matcher.rollback(consumed)
         self._leave(after)
-        allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
-        return torch.from_numpy(allowed.astype(bool))
+        return torch.from_numpy(bits)
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Follow the committed ``tokens`` (a finished grammar takes nothing more)."""
@@ -321,13 +322,13 @@ class Triggered:
         start = self._start(tokens)
         return len(tokens) if start is None else start + self.inner.cut(tokens[start:], self.trigger)
 
-    def masks(self, block: Sequence[int]) -> torch.Tensor | None:  # [k + 1, V] bool, None: all allowed
+    def masks(self, block: Sequence[int]) -> torch.Tensor | None:  # [k + 1, W] int32, None: all allowed
         if self.active:
             return self.inner.masks(block)
         start = self._start(block)
         if start is None:
             return None
-        rows = torch.ones((len(block) + 1, self.inner.vocab_size), dtype=torch.bool)
+        rows = torch.full((len(block) + 1, self.inner.words), -1, dtype=torch.int32)  # every bit: free
         rows[start:] = self.inner.masks(block[start:], self.trigger)
         return rows
 

@@ -45,7 +45,8 @@ class Target(Protocol):
 
     def verify(self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None) -> Verification:
         """Score ``proposal`` after ``context`` in one pass and decide what to keep; ``mask``
-        ``[k + 1, V]`` (bool): the tokens allowed at each row (a grammar), None for all."""
+        ``[k + 1, W]`` (an int32 bitmask, ``draftwise.verify.pack_bits``): the tokens allowed at
+        each row (a grammar), None for all."""
 
     def finish(self) -> None:
         """The sequence is over (finished, failed or abandoned): free what ``start`` set up.

@@ -158,14 +158,15 @@ def row_logsumexp(rows: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n] float32
 def verify_greedy(
     draft_tokens: torch.Tensor,  # [k] long
     target_logits: torch.Tensor,  # [k + 1, V]; row i scores the token after draft_tokens[:i]
+    mask: torch.Tensor | None = None,  # [k + 1, W] int32 bitmask of the allowed tokens, or None
 ) -> Verdict:
-    """Accept while the target's argmax equals the draft token.
+    """Accept while the target's argmax (under ``mask``) equals the draft token.
 
     Example: draft ``[5, 7, 9]``, target argmax per row ``[5, 7, 2, 4]`` -> 2 accepted,
     correction ``2``. With argmax ``[5, 7, 9, 4]`` -> 3 accepted, bonus ``4``.
     """
     k = draft_tokens.shape[0]
-    target_choice = row_argmax(target_logits)  # [k + 1]
+    target_choice = masked_argmax(target_logits, mask)  # [k + 1]
     agree = (target_choice[:k] == draft_tokens).int()
     n_accepted = int(agree.cumprod(0).sum()) if k else 0
     return Verdict(n_accepted=n_accepted, next_token=int(target_choice[n_accepted]), n_proposed=k)
@@ -224,17 +225,53 @@ def verify_sampling(
     return Verdict(n_accepted=n_accepted, next_token=next_token, n_proposed=k)
 
 
+def pack_bits(allowed: torch.Tensor) -> torch.Tensor:  # [n, V] bool -> [n, ceil(V / 32)] int32
+    """A token mask as a bitmask: bit ``j % 32`` of word ``j // 32`` is set where token ``j`` is
+    allowed (llguidance's layout; 32 times smaller than the bool mask)."""
+    n, vocab = allowed.shape
+    padded = np.zeros((n, 32 * ((vocab + 31) // 32)), dtype=bool)
+    padded[:, :vocab] = allowed.numpy()
+    return torch.from_numpy(np.packbits(padded, axis=1, bitorder="little").view(np.int32))
+
+
+def unpack_bits(mask: torch.Tensor, vocab: int) -> torch.Tensor:  # [n, W] int32 -> [n, vocab] bool
+    """The bool mask of a bitmask (``pack_bits``), cut or padded (not allowed) to ``vocab``."""
+    allowed = np.unpackbits(mask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    if allowed.shape[1] < vocab:
+        allowed = np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[1])))
+    return torch.from_numpy(allowed.astype(bool))
+
+
 def apply_mask(
     logits: torch.Tensor,  # [n, V] raw scores
-    mask: torch.Tensor,  # [n, V'] bool, True where allowed; ids past V' are not allowed
+    mask: torch.Tensor,  # [n, W] int32 bitmask (pack_bits); ids past 32 * W are not allowed
 ) -> torch.Tensor:  # [n, V]: a copy, -inf where not allowed
     """Scores with the disallowed tokens removed: what a constrained step decides on.
 
-    Example: scores ``[[2, 5, 1]]``, mask ``[[True, False, True]]`` -> ``[[2, -inf, 1]]``:
-    greedy picks token 0, sampling never draws token 1.
+    Example: scores ``[[2, 5, 1]]``, mask allowing tokens 0 and 2 -> ``[[2, -inf, 1]]``: greedy
+    picks token 0, sampling never draws token 1.
     """
-    allowed = _align_vocab(mask, logits.shape[-1])
+    allowed = unpack_bits(mask, logits.shape[-1])
     return logits.float().masked_fill(~allowed, float("-inf"))
+
+
+def masked_argmax(
+    rows: torch.Tensor,  # [n, V] raw scores
+    mask: torch.Tensor | None,  # [n, W] int32 bitmask, or None: every token allowed
+) -> torch.Tensor:  # [n] long: each row's best allowed token
+    """Each row's argmax under ``mask``. A row whose plain argmax is allowed keeps it (one bit
+    read); only the others are masked whole: a grammar mostly agrees with the model, so most
+    rows cost nothing more than plain greedy decoding.
+    """
+    choice = row_argmax(rows)
+    if mask is None:
+        return choice
+    width = 32 * mask.shape[1]
+    word = mask[torch.arange(rows.shape[0]), choice.clamp(max=width - 1) // 32]
+    allowed = ((word >> (choice % 32)) & 1).bool() & (choice < width)
+    for i in torch.nonzero(~allowed).flatten().tolist():
+        choice[i] = int(apply_mask(rows[i : i + 1], mask[i : i + 1]).argmax())
+    return choice
 
 
 def verify(
@@ -245,7 +282,7 @@ def verify(
     top_k: int,
     top_p: float,
     generator: torch.Generator | None,
-    mask: torch.Tensor | None = None,  # [k + 1, V'] bool: the tokens allowed at each row, None = all
+    mask: torch.Tensor | None = None,  # [k + 1, W] int32 bitmask (pack_bits) of each row's allowed tokens
 ) -> tuple[Verdict, torch.Tensor]:  # and [k] float32: p(x_i) of each proposed token
     """Apply the configured acceptance rule.
 
@@ -253,17 +290,19 @@ def verify(
     distribution p (the plain softmax under greedy decoding), for reporting. Greedy decoding
     computes only those k probabilities: a plain step (k = 0) normalises nothing at all.
 
-    With a ``mask`` the target's scores are masked first (``apply_mask``), so the verdict is
-    that of masked decoding: the drafter's q is left as drawn from, which keeps the rejection
-    rule exact (every draft token must be allowed: a grammar cuts drafts before they come here).
+    With a ``mask`` the verdict is that of masked decoding: greedy takes each row's argmax
+    among the allowed tokens (``masked_argmax``), sampling masks the target's scores first
+    (``apply_mask``). The drafter's q is left as drawn from, which keeps the rejection rule
+    exact (every draft token must be allowed: a grammar cuts drafts before they come here).
+    The probabilities reported under greedy decoding stay the plain softmax's.
     """
-    if mask is not None:
-        target_logits = apply_mask(target_logits, mask)
     k = draft_tokens.shape[0]
     if temperature == 0:
         rows = target_logits[:k].float()  # [k, V]
         chosen = rows.gather(1, draft_tokens[:, None]).squeeze(1)  # [k]
-        return verify_greedy(draft_tokens, target_logits), torch.exp(chosen - row_logsumexp(rows))
+        return verify_greedy(draft_tokens, target_logits, mask), torch.exp(chosen - row_logsumexp(rows))
+    if mask is not None:
+        target_logits = apply_mask(target_logits, mask)
     target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
     token_probs = target_probs[:k].gather(1, draft_tokens[:, None]).squeeze(1)
     return verify_sampling(draft_tokens, draft_probs, target_probs, generator), token_probs

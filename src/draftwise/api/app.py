@@ -103,7 +103,7 @@ class Transcript:
         self.metrics = GenerationMetrics()
         self.text: list[str] = []
         self.provenance: list[s.TokenProvenance] = []
-        self.streamed = 0  # characters of the text sent as content so far (a stream's)
+        self.held = ""  # a stream's text not yet sent: it may be the start of a tool call
 
     def add(self, event: StepEvent) -> list[s.TokenProvenance] | None:
         """Take in a step; return its provenance when the request asked for it."""
@@ -115,18 +115,20 @@ class Transcript:
         self.provenance.extend(step)
         return step
 
-    def stream_text(self) -> str:
-        """The text a stream may send as content now: all of it, but where the answer may
-        call tools, nothing from a call's opening tag on (nor an end that could start one)."""
-        full = "".join(self.text)
-        end = held_back(full) if self.plan.tools else len(full)
-        out, self.streamed = full[self.streamed : max(end, self.streamed)], max(end, self.streamed)
+    def stream_text(self, new: str) -> str:
+        """What a stream may send as content now, given the step's ``new`` text: all of it, but
+        where the answer may call tools, nothing from a call's opening tag on (nor an end that
+        could start one), which waits in ``held``."""
+        if not self.plan.tools:
+            return new
+        self.held += new
+        cut = held_back(self.held)
+        out, self.held = self.held[:cut], self.held[cut:]
         return out
 
     def unsent(self) -> str:
-        """The text not yet sent as content (held back for a call that did not come)."""
-        full = "".join(self.text)
-        out, self.streamed = full[self.streamed :], len(full)
+        """The text held back and not sent (a call that did not come)."""
+        out, self.held = self.held, ""
         return out
 
     def tool_calls(self) -> tuple[str, list[s.ToolCall]]:
@@ -434,7 +436,7 @@ class _Service:
         try:
             async for event in events:
                 provenance = t.add(event)
-                text = t.stream_text()
+                text = t.stream_text(event.text)
                 # With provenance every target pass gets its chunk, even one whose tokens a stop cut away.
                 if text or provenance is not None or first:
                     chunk = shape.chunk(rid, created, model, text, None, first)
