@@ -699,7 +699,7 @@ def test_a_bad_tool_request_is_a_400_naming_it(server, extra, message, param):
     ("message", "fragment"),
     [
         ({"role": "tool", "content": "sunny"}, "tool_call_id"),
-        ({"role": "user", "content": None}, "content is required"),
+        ({"role": "user", "content": None}, "Field required"),
         (
             {
                 "role": "assistant",

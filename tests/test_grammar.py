@@ -162,6 +162,15 @@ def test_masks_forced_tokens_and_cuts_worked_by_hand(grammars, tiny_target):
     assert allowed(constraint.masks([])[0]) == set(tiny_target.eos_token_ids)
 
 
+def test_masks_past_a_refused_token_allow_nothing_and_leave_the_grammar_whole(grammars, tiny_target):
+    a, b, c, d = (ids(tiny_target.tokenizer, ch)[0] for ch in "abcd")
+    constraint = grammars.constraint(regex("a(b|c)d"))
+    rows = constraint.masks([a, d, b])  # d is refused after a
+    assert [allowed(r) for r in rows] == [{a}, {b, c}, set(), set()]
+    constraint.commit([a, c])  # the walk left nothing behind
+    assert constraint.forced() == [d]
+
+
 def test_json_is_written_compactly_with_spaces_after_separators(grammars, tiny_target):
     # The layout that leaves the model no choice of white space: the keys come forced.
     constraint = grammars.constraint(

@@ -227,7 +227,6 @@ class Constraint:
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
-        self.mask_calls = 0  # masks computed, one per verified row
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces next (empty where the model has a choice)."""
@@ -262,16 +261,15 @@ class Constraint:
         bits = np.zeros((len(block) + 1, self.words), dtype=np.int32)
         if not self._enter(after):
             raise GrammarError("the grammar refused its own opening")
-        consumed = 0
-        for i in range(len(block) + 1):
+        # Only what the grammar takes is walked: a refused token would leave the matcher broken.
+        valid = [int(t) for t in block[: self.matcher.validate_tokens([int(t) for t in block])]] if block else []
+        for i in range(len(valid) + 1):
             row = bits[i]
             self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-            if i == len(block) or not self.matcher.consume_token(int(block[i])):
-                break
-            consumed += 1
-        self.mask_calls += consumed + 1
-        if consumed:
-            self.matcher.rollback(consumed)
+            if i < len(valid):
+                self.matcher.consume_token(valid[i])
+        if valid:
+            self.matcher.rollback(len(valid))
         self._leave(after)
         return torch.from_numpy(bits)
 
@@ -347,10 +345,6 @@ class Triggered:
     @property
     def finished(self) -> bool:
         return self.active and self.inner.finished
-
-    @property
-    def mask_calls(self) -> int:
-        return self.inner.mask_calls
 
 
 class Constrained:

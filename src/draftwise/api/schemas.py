@@ -271,27 +271,34 @@ class MessageToolCall(_Request):
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = Field(None, description="an assistant turn's tool calls")
-    tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
+    tool_call_id: str | None = Field(None, validate_default=True, description="a tool message: the call it answers")
+    # After the fields its check reads; checked when left out too (only a call may leave it out).
+    content: str | list[TextPart] | None = Field(None, validate_default=True)
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _check_calls(cls, calls: list[MessageToolCall] | None, info: ValidationInfo) -> list[MessageToolCall] | None:
+        if calls and info.data.get("role") != "assistant":
+            raise ValueError("only an assistant turn has tool_calls")
+        return calls
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _check_call_id(cls, call_id: str | None, info: ValidationInfo) -> str | None:
+        if (info.data.get("role") == "tool") != (call_id is not None):
+            raise ValueError("tool_call_id goes with role tool, and role tool needs it")
+        return call_id
 
     @field_validator("content")
     @classmethod
-    def _check_content(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
+    def _check_content(cls, value: str | list[TextPart] | None, info: ValidationInfo) -> str | list[TextPart] | None:
+        if value is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+            raise ValueError("Field required (only an assistant turn with tool_calls may leave content out)")
         for text in [value] if isinstance(value, str) else [part.text for part in value or []]:
             encodable(text)  # what reaches the tokenizer must be valid Unicode
         return value
-
-    @model_validator(mode="after")
-    def _check_role(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required (only an assistant turn with tool_calls may leave it out)")
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError("only an assistant turn has tool_calls")
-        if (self.role == "tool") != (self.tool_call_id is not None):
-            raise ValueError("tool_call_id goes with role tool, and role tool needs it")
-        return self
 
     @property
     def text(self) -> str:
