@@ -617,7 +617,7 @@ def test_a_required_tool_call_follows_its_function_schema(client, choice, names)
     assert response.model_extra["speculative"]["proposed_by_source"]["grammar"] > 0  # the wrapper, drafted
 
 
-def test_streamed_tool_calls_come_whole_with_an_index(client):
+def test_streamed_tool_calls_come_piece_by_piece_with_an_index(client):
     stream = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Time?"}],
@@ -629,10 +629,14 @@ def test_streamed_tool_calls_come_whole_with_an_index(client):
         stream=True,
     )
     chunks = list(stream)
-    calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
-    assert [call.index for call in calls] == [0] and calls[0].function.name == "get_time"
-    assert json.loads(calls[0].function.arguments)["zone"] in ("utc", "cet")
+    deltas = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+    assert len(deltas) > 2 and {d.index for d in deltas} == {0}  # the arguments come as they are made
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_time"
+    assert all(d.id is None and d.function.name is None for d in deltas[1:])
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(arguments)["zone"] in ("utc", "cet")
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # no call as text
+    assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 

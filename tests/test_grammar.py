@@ -19,7 +19,7 @@ from draftwise import GenerationConfig, SpeculativeEngine, autoregressive
 from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
 from draftwise.drafters import NGramDrafter, build_drafter
 from draftwise.engine import grammars_of
-from draftwise.grammar import GRAMMAR, GrammarError, held_back, parse_tool_calls, tool_call_grammar
+from draftwise.grammar import GRAMMAR, CallStream, GrammarError, held_back, parse_tool_calls, tool_call_grammar
 from draftwise.target import LocalTarget
 from draftwise.verify import apply_mask, masked_argmax, pack_bits, unpack_bits, verify
 
@@ -280,3 +280,32 @@ def test_tool_calls_are_forced_up_to_the_first_argument_and_read_back(grammars, 
 )
 def test_streamed_text_stops_where_a_tool_call_may_open(text, end):
     assert held_back(text) == end
+
+
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
+def test_a_streamed_answer_gives_its_content_then_each_call_as_it_goes(step):
+    first, second = '{"name": "f", "arguments": {"a": 1, "b": {"c": "}"}}}', '{"name": "g", "arguments": {}}'
+    text = f"Hi <tool_call>\n{first}\n</tool_call>\n<tool_call>\n{second}\n</tool_call>"
+    reader = CallStream()
+    pieces = [p for i in range(0, len(text), step) for p in reader.push(text[i : i + step])] + reader.flush()
+    content, calls = "", []
+    for kind, value in pieces:
+        if kind == "content":
+            content += value
+        elif kind == "call":
+            calls.append([value, ""])
+        else:
+            calls[-1][1] += value
+    assert content == "Hi " and calls == [["f", '{"a": 1, "b": {"c": "}"}}'], ["g", "{}"]]
+    assert calls == [[n, a] for n, a in parse_tool_calls(text)[1]]  # as the whole answer reads
+
+
+def test_a_stream_cut_inside_a_call_flushes_what_it_held():
+    reader = CallStream()
+    assert reader.push('<tool_call>\n{"name": "f", "arguments": {"a": [1}') == [
+        ("call", "f"),
+        ("arguments", '{"a": [1'),
+    ]
+    assert reader.flush() == [("arguments", "}")]
+    plain = CallStream()
+    assert plain.push("a <tool") == [("content", "a ")] and plain.flush() == [("content", "<tool")]

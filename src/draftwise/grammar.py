@@ -152,6 +152,74 @@ def held_back(text: str) -> int:
     return len(text)
 
 
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"]*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+_TAIL = re.compile(r"\}\s*" + re.escape(TOOL_CLOSE))
+
+
+class CallStream:
+    """Reads an answer in the tool-call format as it streams, and says what to send: the text
+    before a call as content, then each call as it goes, its name once known and its arguments
+    piece by piece (OpenAI's ``delta.tool_calls``).
+
+    Example: pushed ``'Hi <tool_call>\n{"name": "f", "arguments": {"a": '`` then ``'1}}\n</tool_call>'``
+    gives ``("content", "Hi ")``, ``("call", "f")``, ``("arguments", '{"a": ')``, then
+    ``("arguments", "1}")``: the last ``}`` before the closing tag is the call's own.
+    """
+
+    def __init__(self) -> None:
+        self.buffer = ""
+        self.state = "text"  # text -> head (after the opening tag) -> arguments -> text ...
+        self.calls = 0  # calls opened so far
+
+    def push(self, text: str) -> list[tuple[str, str]]:
+        """The pieces ``text`` completes: (``content``, text), (``call``, name), (``arguments``, text)."""
+        self.buffer += text
+        pieces: list[tuple[str, str]] = []
+        while True:
+            piece = getattr(self, f"_{self.state}")()
+            if piece is None:
+                return pieces
+            if piece[1] or piece[0] == "call":
+                pieces.append(piece)
+
+    def _text(self) -> tuple[str, str] | None:
+        cut = held_back(self.buffer)
+        out, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        if self.calls and not out.strip():
+            out = ""  # the line break between two calls is not content
+        if self.buffer.startswith(TOOL_OPEN):
+            self.buffer, self.state = self.buffer[len(TOOL_OPEN) :], "head"
+            return ("content", out)
+        return ("content", out) if out else None
+
+    def _head(self) -> tuple[str, str] | None:
+        match = _HEAD.match(self.buffer)
+        if match is None:
+            return None
+        self.buffer, self.state = self.buffer[match.end() :], "arguments"
+        self.calls += 1
+        return ("call", match.group(1))
+
+    def _arguments(self) -> tuple[str, str] | None:
+        match = _TAIL.search(self.buffer)
+        if match is not None:
+            out, self.buffer, self.state = self.buffer[: match.start()], self.buffer[match.end() :], "text"
+            return ("arguments", out)
+        keep = self.buffer.rfind("}")  # it may be the call's own closing brace: wait for what follows
+        cut = len(self.buffer) if keep < 0 else keep
+        out, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        return ("arguments", out) if out else None
+
+    def flush(self) -> list[tuple[str, str]]:
+        """What is left once the answer has ended (cut short, or a call that never opened)."""
+        rest, self.buffer = self.buffer, ""
+        if not rest:
+            return []
+        if self.state == "arguments":
+            return [("arguments", rest)]
+        return [("content", (TOOL_OPEN if self.state == "head" else "") + rest)]
+
+
 class _Encoder:
     """The tokenizer as llguidance calls it: text in, ids out, markup read as text."""
 

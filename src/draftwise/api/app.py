@@ -42,7 +42,7 @@ from draftwise.api.translate import (
 from draftwise.chat import PromptTooLong
 from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
-from draftwise.grammar import Grammars, held_back, parse_tool_calls
+from draftwise.grammar import CallStream, Grammars, parse_tool_calls
 from draftwise.lm import LanguageModel, Tokenizer
 from draftwise.metrics import GenerationMetrics
 from draftwise.prediction import PREDICTION
@@ -103,7 +103,7 @@ class Transcript:
         self.metrics = GenerationMetrics()
         self.text: list[str] = []
         self.provenance: list[s.TokenProvenance] = []
-        self.held = ""  # a stream's text not yet sent: it may be the start of a tool call
+        self.calls = CallStream()  # a stream's reading of the tool calls in its text
 
     def add(self, event: StepEvent) -> list[s.TokenProvenance] | None:
         """Take in a step; return its provenance when the request asked for it."""
@@ -115,21 +115,30 @@ class Transcript:
         self.provenance.extend(step)
         return step
 
-    def stream_text(self, new: str) -> str:
-        """What a stream may send as content now, given the step's ``new`` text: all of it, but
-        where the answer may call tools, nothing from a call's opening tag on (nor an end that
-        could start one), which waits in ``held``."""
+    def stream_pieces(self, new: str) -> tuple[str, list[s.ToolCallDelta]]:
+        """What a stream sends for a step's ``new`` text: content, and where the answer may
+        call tools, the calls as they go (``CallStream``: nothing of a call goes as content)."""
         if not self.plan.tools:
-            return new
-        self.held += new
-        cut = held_back(self.held)
-        out, self.held = self.held[:cut], self.held[cut:]
-        return out
+            return new, []
+        return self._pieces(self.calls.push(new))
 
-    def unsent(self) -> str:
-        """The text held back and not sent (a call that did not come)."""
-        out, self.held = self.held, ""
-        return out
+    def stream_rest(self) -> tuple[str, list[s.ToolCallDelta]]:
+        """What a stream still holds back once the answer has ended."""
+        return self._pieces(self.calls.flush()) if self.plan.tools else ("", [])
+
+    def _pieces(self, pieces: list[tuple[str, str]]) -> tuple[str, list[s.ToolCallDelta]]:
+        content, deltas = "", []
+        for kind, value in pieces:
+            index = self.calls.calls - 1
+            if kind == "content":
+                content += value
+            elif kind == "call":
+                call_id = f"call_{uuid.uuid4().hex[:24]}"
+                function = s.FunctionCallDelta(name=value)
+                deltas.append(s.ToolCallDelta(index=index, id=call_id, type="function", function=function))
+            else:
+                deltas.append(s.ToolCallDelta(index=index, function=s.FunctionCallDelta(arguments=value)))
+        return content, deltas
 
     def tool_calls(self) -> tuple[str, list[s.ToolCall]]:
         """(the content, the tool calls) of a finished answer; without calls, all is content."""
@@ -180,6 +189,9 @@ class _Shape:
     def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None, first: bool) -> Any:
         raise NotImplementedError
 
+    def tool_chunk(self, rid: str, created: int, model: str, calls: list[s.ToolCallDelta], first: bool) -> Any:
+        raise NotImplementedError  # only chat answers call tools
+
 
 class _CompletionShape(_Shape):
     id_prefix = "cmpl"
@@ -226,10 +238,11 @@ class _ChatShape(_Shape):
             choices = [s.ChatChunkChoice(delta=delta, finish_reason=finish)]
         return s.ChatCompletionChunk(id=rid, created=created, model=model, choices=choices)
 
-    def tool_chunk(self, rid: str, created: int, model: str, calls: list[s.ToolCall]) -> s.ChatCompletionChunk:
-        deltas = [s.ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(calls)]
-        choice = s.ChatChunkChoice(delta=s.ChatDelta(tool_calls=deltas))
-        return s.ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
+    def tool_chunk(
+        self, rid: str, created: int, model: str, calls: list[s.ToolCallDelta], first: bool
+    ) -> s.ChatCompletionChunk:
+        delta = s.ChatDelta(role="assistant" if first else None, tool_calls=calls)
+        return s.ChatCompletionChunk(id=rid, created=created, model=model, choices=[s.ChatChunkChoice(delta=delta)])
 
 
 def _message(t: Transcript) -> s.AssistantMessage:
@@ -436,17 +449,24 @@ class _Service:
         try:
             async for event in events:
                 provenance = t.add(event)
-                text = t.stream_text(event.text)
+                text, calls = t.stream_pieces(event.text)
                 # With provenance every target pass gets its chunk, even one whose tokens a stop cut away.
-                if text or provenance is not None or first:
+                if text or provenance is not None or (first and not calls):
                     chunk = shape.chunk(rid, created, model, text, None, first)
                     chunk.provenance = provenance
                     if provenance is not None:
                         chunk.step = _step(event, self.tokenizer)
                     yield _sse(chunk)
                     first = False
-            for chunk in _tool_chunk_list(t, shape, rid, created, model):
-                yield _sse(chunk)
+                if calls:
+                    yield _sse(shape.tool_chunk(rid, created, model, calls, first))
+                    first = False
+            text, calls = t.stream_rest()
+            if text:
+                yield _sse(shape.chunk(rid, created, model, text, None, first))
+                first = False
+            if calls:
+                yield _sse(shape.tool_chunk(rid, created, model, calls, first))
             last = shape.chunk(rid, created, model, "", t.finish_reason, first)
             last.speculative = t.stats()
             yield _sse(last)
@@ -459,18 +479,6 @@ class _Service:
         except Exception as exc:  # a fault in generation: say so in the stream rather than cut it short
             yield _sse(_internal(exc).payload())
         yield "data: [DONE]\n\n"
-
-
-def _tool_chunk_list(t: Transcript, shape: _Shape, rid: str, created: int, model: str) -> list[Any]:
-    """The end of a stream that may call tools: the content held back that was not a call,
-    then every call, whole, in one chunk (OpenAI's ``delta.tool_calls``, an index on each)."""
-    if not t.plan.tools or not isinstance(shape, _ChatShape):
-        return []
-    content, calls = t.tool_calls()
-    if not calls:
-        rest = t.unsent()
-        return [shape.chunk(rid, created, model, rest, None, False)] if rest else []
-    return [shape.tool_chunk(rid, created, model, calls)]
 
 
 def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:

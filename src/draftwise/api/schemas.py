@@ -483,13 +483,24 @@ class ChatCompletionResponse(_Envelope):
     choices: list[ChatChoice]
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = Field(None, description="in a call's first chunk")
+    arguments: str = Field("", description="the next piece of the arguments' JSON text")
+
+
 class ToolCallDelta(BaseModel):
-    """One tool call in a stream, whole in one chunk: ``index`` says which of the answer's calls."""
+    """A piece of a tool call in a stream: ``index`` says which of the answer's calls; its first
+    chunk has the call's ``id``, ``type`` and ``function.name``, the next ones more arguments."""
 
     index: int
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: Any) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        return {k: v for k, v in out.items() if v is not None}
 
 
 class ChatDelta(BaseModel):
