@@ -30,11 +30,13 @@ from draftwise.config import DraftConfig, DrafterName
 # pydantic's lax mode would turn into 8 and 1. A strict float still takes an integer (temperature: 1).
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]
+# Booleans likewise: true or false, never "yes", "false" or 0, which lax mode would read.
+Bool = Annotated[bool, Strict()]
 
 
 def _strict(annotation: Any) -> Any:
-    """``annotation`` with strict numbers, if it is a number (else unchanged)."""
-    return {int: Int, float: Float}.get(annotation, annotation)
+    """``annotation`` with strict numbers and booleans, if it is one (else unchanged)."""
+    return {int: Int, float: Float, bool: Bool}.get(annotation, annotation)
 
 
 class _Request(BaseModel):
@@ -47,10 +49,10 @@ class _SpeculativeBase(_Request):
         description="model, ngram, hybrid (lookup where the context repeats, "
         "the model elsewhere) or off (plain decoding); None = server default",
     )
-    provenance: bool = Field(
+    provenance: Bool = Field(
         False, description="add each token's origin (accepted draft, correction, bonus) and probabilities to the output"
     )
-    cache_prompt: bool = Field(
+    cache_prompt: Bool = Field(
         True,
         description="reuse what the slot still holds of this prompt's start from its last request (a system "
         "prompt, earlier chat turns); false: prefill the whole prompt, e.g. to compare two runs' timings",
@@ -71,7 +73,7 @@ SpeculativeOptions = create_model(
 
 
 class StreamOptions(_Request):
-    include_usage: bool = Field(False, description="send a last chunk with usage and no choices")
+    include_usage: Bool = Field(False, description="send a last chunk with usage and no choices")
 
 
 class TextPart(_Request):
@@ -108,7 +110,7 @@ class JsonSchemaFormat(_Request):
     json_schema: dict[str, Any] = Field(
         default_factory=dict, alias="schema", description="a JSON schema; {} = any JSON value"
     )
-    strict: bool | None = Field(None, description="accepted; the answer always follows the schema")
+    strict: Bool | None = Field(None, description="accepted; the answer always follows the schema")
 
 
 class ResponseFormat(_Request):
@@ -133,7 +135,7 @@ class GenerationRequest(_Request):
     # torch generators take 64-bit seeds, and the engine also seeds the drafter with seed + 1.
     seed: Int | None = Field(None, ge=0, le=2**63 - 2, description="seed for reproducible sampling")
     n: Literal[1] = Field(1, description="only one choice per request is supported")
-    stream: bool = False
+    stream: Bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: Float = Field(0.0, description="only 0 is supported")
     frequency_penalty: Float = Field(0.0, description="only 0 is supported")
@@ -228,7 +230,7 @@ class FunctionDef(_Request):
         default_factory=lambda: {"type": "object", "properties": {}},
         description="a JSON schema of the arguments object",
     )
-    strict: bool | None = Field(None, description="accepted; the arguments always follow the schema")
+    strict: Bool | None = Field(None, description="accepted; the arguments always follow the schema")
 
 
 class Tool(_Request):
@@ -314,7 +316,7 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="none, auto (the default with tools), required, or one function by name"
     )
-    parallel_tool_calls: bool = Field(True, description="whether an answer may hold several tool calls")
+    parallel_tool_calls: Bool = Field(True, description="whether an answer may hold several tool calls")
 
     @field_validator("tools")
     @classmethod
