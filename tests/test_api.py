@@ -717,21 +717,3 @@ def test_a_bad_tool_message_is_a_400(server, message, fragment):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}, message]}
     answer = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30)
     assert answer.status_code == 400 and fragment in answer.json()["error"]["message"], answer.text
-
-
-def test_a_request_takes_the_slot_that_holds_its_prompt(tiny_target):
-    """Four slots, one prompt sent three times and another between: each repeat goes to the
-    slot that answered it before and prefills only its last token, where taking the slot idle
-    longest would have prefilled it whole each time."""
-
-    def ask(client, text):
-        return client.completions.create(model=MODEL, prompt=text, max_tokens=2, temperature=0).usage
-
-    prompt = "The lighthouse keeper wrote in his log every night, " * 3
-    for url in _serve(tiny_target, slots=4):
-        client = _client(url)
-        first = ask(client, prompt)
-        other = ask(client, "Something else entirely, " * 3)
-        again = [ask(client, prompt) for _ in range(2)]
-        assert first.prompt_tokens_details.cached_tokens == 0 == other.prompt_tokens_details.cached_tokens
-        assert [u.prompt_tokens_details.cached_tokens for u in again] == [first.prompt_tokens - 1] * 2

@@ -146,10 +146,9 @@ class WorkerPool:
         self.queue_size = queue_size
         self.timeout = timeout
         self.metrics = metrics
-        # The idle workers, and a count of them to wait on: a request takes the one whose cache
-        # holds the longest start of its prompt (``_take``), not the one idle longest.
-        self._idle: list[Worker] = list(workers)
-        self._free = asyncio.Semaphore(len(workers))
+        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
+        for worker in workers:
+            self._idle.put_nowait(worker)
         self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="draftwise-gen")
         self._jobs: set[Job] = set()  # admitted and not done
         self.running = 0
@@ -190,23 +189,8 @@ class WorkerPool:
         job.state = "done"
         self._jobs.discard(job)
         self.running -= 1
-        self._give_back(worker)
+        self._idle.put_nowait(worker)
         self._update_gauges()
-
-    def _give_back(self, worker: Worker) -> None:
-        self._idle.append(worker)
-        self._free.release()
-
-    def _take(self, prompt: Sequence[int]) -> Worker:
-        """The idle worker whose target holds the longest start of ``prompt`` (a shared system
-        prompt, a chat's earlier turns); among equals, the one idle longest. Call only after
-        acquiring ``_free``.
-
-        Example: idle workers holding ``[5 8 2]`` and ``[5 8 3 1]``, prompt ``[5 8 3 9]``: the
-        second (3 tokens kept against 2).
-        """
-        best = max(range(len(self._idle)), key=lambda i: (cached_start(self._idle[i].target, prompt), -i))
-        return self._idle.pop(best)
 
     async def run(
         self,
@@ -221,14 +205,13 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout - (time.perf_counter() - job.arrived)
         try:
-            await asyncio.wait_for(self._free.acquire(), max(0.0, deadline - loop.time()))
+            worker = await asyncio.wait_for(self._idle.get(), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             job.close("timeout")
             raise GenerationTimeout(f"no worker became free within {self.timeout:g} s") from None
         if job.state != "queued":  # closed while it waited
-            self._free.release()
+            self._idle.put_nowait(worker)
             return
-        worker = self._take(prompt if cache_prompt else ())
         job.state = "running"
         self.running += 1
         self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
