@@ -717,3 +717,17 @@ def test_a_bad_tool_message_is_a_400(server, message, fragment):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}, message]}
     answer = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30)
     assert answer.status_code == 400 and fragment in answer.json()["error"]["message"], answer.text
+
+
+def test_two_calls_in_one_step_stream_under_their_own_index():
+    """A verified block may end one call and open the next: each piece keeps its call's index."""
+    from draftwise.api.app import Transcript
+    from draftwise.api.translate import Plan
+
+    plan = Plan(prompt=[1], config=GenerationConfig(), drafter="off", provenance=False, tools=True)
+    transcript = Transcript(plan, None, None)
+    first = '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+    second = '<tool_call>\n{"name": "b", "arguments": {"y": 2}}\n</tool_call>'
+    content, deltas = transcript.stream_pieces(first + second)
+    assert content == "" and [d.index for d in deltas] == [0, 0, 1, 1]
+    assert [d.function.name for d in deltas if d.id] == ["a", "b"]

@@ -128,11 +128,13 @@ class Transcript:
 
     def _pieces(self, pieces: list[tuple[str, str]]) -> tuple[str, list[s.ToolCallDelta]]:
         content, deltas = "", []
+        # The reader has counted every call these pieces open: number them from the first.
+        index = self.calls.calls - sum(kind == "call" for kind, _ in pieces) - 1
         for kind, value in pieces:
-            index = self.calls.calls - 1
             if kind == "content":
                 content += value
             elif kind == "call":
+                index += 1
                 call_id = f"call_{uuid.uuid4().hex[:24]}"
                 function = s.FunctionCallDelta(name=value)
                 deltas.append(s.ToolCallDelta(index=index, id=call_id, type="function", function=function))
