@@ -12,7 +12,7 @@ servers that take it (``config.sends_prediction``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -83,71 +83,66 @@ def _source(data: str, chat: bool, subtasks: Sequence[str] | None, limit: int | 
     return [LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=chat) for p in select(chosen, None, limit)]
 
 
-def _task_fields(path: Path, field: str, kind: type, flag: str) -> list[Any]:
-    """``field`` of every task of a task file, in file order (one per non-empty line, as
+# What a task file's row adds to its prompt: (row, its line number, its task number) -> LoadPrompt fields.
+Extras = Callable[[dict[str, Any], int, int], dict[str, Any]]
+
+
+def _task_extras(path: Path, extras: Extras) -> list[dict[str, Any]]:
+    """``extras`` of every task of a task file, in file order (one per non-empty line, as
     ``read_prompts`` reads the prompts, which checks first that every line is JSON)."""
-    found = []
+    found: list[dict[str, Any]] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        value = row.get(field) if isinstance(row, dict) else None
-        if not isinstance(value, kind) or not value:
-            what = "string" if kind is str else "object"
-            raise LoadError(f"{flag} {path}, line {number}: a task needs a '{field}' {what}")
-        found.append(value)
+        if line.strip():
+            row = json.loads(line)
+            found.append(extras(row if isinstance(row, dict) else {}, number, len(found) + 1))
     return found
 
 
-def read_predictions(path: Path) -> list[str]:
-    """The prediction of every task of an --edit file, in file order."""
-    return _task_fields(path, PREDICTION, str, "--edit")
+def _edit_extras(path: Path) -> Extras:
+    def extras(row: dict[str, Any], line: int, task: int) -> dict[str, Any]:
+        prediction = row.get(PREDICTION)
+        if not isinstance(prediction, str) or not prediction:
+            raise LoadError(f"--edit {path}, line {line}: a task needs a '{PREDICTION}' string")
+        return {"prediction": prediction}
+
+    return extras
+
+
+def _structured_extras(path: Path) -> Extras:
+    def extras(row: dict[str, Any], line: int, task: int) -> dict[str, Any]:
+        found = {k: row[k] for k in STRUCTURED_FIELDS if k in row}
+        if "response_format" not in found and "tools" not in found:
+            raise LoadError(f"--structured {path}, task {task}: a task needs a 'response_format' or 'tools'")
+        return {"structured": found}
+
+    return extras
 
 
 def _task_source(
-    data: str, field: str, kind: type, flag: str, subtasks: Sequence[str] | None, limit: int | None
+    data: str, extras: Callable[[Path], Extras], subtasks: Sequence[str] | None, limit: int | None
 ) -> list[LoadPrompt]:
-    """The chat prompts of a task file (--edit, --structured), each with its task's ``field``."""
+    """The chat prompts of a task file (--edit, --structured), each with what its row adds."""
     if data == NONE:
         return []
     path = Path(data).expanduser()
     prompts = read_prompts(path)
-    extras = dict(zip([p.id for p in prompts], _task_fields(path, field, kind, flag)))
+    found = dict(zip([p.id for p in prompts], _task_extras(path, extras(path))))
     chosen = [p for p in prompts if not subtasks or p.subtask in subtasks]
     return [
-        LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=True, **{field: extras[p.id]})
-        for p in select(chosen, None, limit)
-    ]
-
-
-def _structured_source(data: str, subtasks: Sequence[str] | None, limit: int | None) -> list[LoadPrompt]:
-    """The chat prompts of a --structured file, each with its request fields (``STRUCTURED_FIELDS``)."""
-    if data == NONE:
-        return []
-    path = Path(data).expanduser()
-    prompts = read_prompts(path)
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    fields = {}
-    for number, (prompt, row) in enumerate(zip(prompts, rows), start=1):
-        found = {k: row[k] for k in STRUCTURED_FIELDS if k in row}
-        if "response_format" not in found and "tools" not in found:
-            raise LoadError(f"--structured {path}, task {number}: a task needs a 'response_format' or 'tools'")
-        fields[prompt.id] = found
-    chosen = [p for p in prompts if not subtasks or p.subtask in subtasks]
-    return [
-        LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=True, structured=fields[p.id])
+        LoadPrompt(id=p.id, subtask=p.subtask, text=p.turns[0], chat=True, **found[p.id])
         for p in select(chosen, None, limit)
     ]
 
 
 def load_prompts(config: LoadConfig) -> list[LoadPrompt]:
-    """The prompts of a run: the code prompts, the chat prompts, then the edit tasks, at most
-    ``limit`` per subtask; ``subtasks`` picks among the subtasks of all three sources."""
+    """The prompts of a run: the code prompts, the chat prompts, the edit tasks, then the
+    structured-output tasks, at most ``limit`` per subtask; ``subtasks`` picks among the
+    subtasks of all the sources."""
     prompts = (
         _source(config.code, False, config.subtasks, config.limit)
         + _source(config.data, True, config.subtasks, config.limit)
-        + _task_source(config.edit, PREDICTION, str, "--edit", config.subtasks, config.limit)
-        + _structured_source(config.structured, config.subtasks, config.limit)
+        + _task_source(config.edit, _edit_extras, config.subtasks, config.limit)
+        + _task_source(config.structured, _structured_extras, config.subtasks, config.limit)
     )
     missing = [s for s in config.subtasks or () if s not in {p.subtask for p in prompts}]
     if missing:
