@@ -301,7 +301,7 @@ class Constraint:
         return [] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
 
     def cut(self, tokens: Sequence[int], after: Sequence[int] = ()) -> int:
-        """How many of ``tokens`` the grammar allows in a row from here (``after`` ``after``)."""
+        """How many of ``tokens`` the grammar allows in a row from here (once ``after`` is committed too)."""
         if not len(tokens) or not self._enter(after):
             return 0
         try:
@@ -330,7 +330,8 @@ class Constraint:
         if not self._enter(after):
             raise GrammarError("the grammar refused its own opening")
         # Only what the grammar takes is walked: a refused token would leave the matcher broken.
-        valid = [int(t) for t in block[: self.matcher.validate_tokens([int(t) for t in block])]] if block else []
+        tokens = [int(t) for t in block]
+        valid = tokens[: self.matcher.validate_tokens(tokens)] if tokens else []
         for i in range(len(valid) + 1):
             row = bits[i]
             self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
