@@ -19,10 +19,12 @@ class ScriptedTarget:
         self.eos_token_ids = (eos,)
         self._prompt_len = 0
 
-    def start(self, prompt, config, generator, cancelled=None) -> None:
+    def start(self, prompt, config, generator):
+        yield from ()  # no pass
         self._prompt_len = len(prompt)
 
-    def verify(self, context, proposal: Proposal, mask=None) -> Verification:
+    def verify(self, context, proposal: Proposal, mask=None):
+        yield from ()  # no pass
         done = len(context) - self._prompt_len
         wanted = (self.script[done:] + [self.eos_token_ids[0]] * (len(proposal) + 1))[: len(proposal) + 1]
         logits = torch.full((len(wanted), 257), -10.0)

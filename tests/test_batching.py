@@ -1,26 +1,26 @@
 """Many sequences, one pass: the llama.cpp backend batches the forward passes of every
 sequence of a context (``draftwise.backends.llamacpp_batch``), on the real SmolLM2 GGUF.
 
-Closed-form cases of the pass planner first, then slots and rollback, then concurrent
-streams against the same requests run alone: the same tokens, or a first difference where
-the target's top two tokens are nearly tied (rows batched with other sequences go through
-other matrix kernels, which round differently).
+Closed-form cases of the pass planner first, then slots and rollback, then streams run
+together in the scheduler's rounds against the same requests run alone: the same tokens, or
+a first difference where the target's top two tokens are nearly tied (rows batched with
+other sequences go through other matrix kernels, which round differently).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
 
-from draftwise.backends.llamacpp_batch import Request, _plan, _Queue
+from draftwise.backends.llamacpp_batch import Request, _plan
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
-from draftwise.lm import cached_start
+from draftwise.lm import Forward, cached_start
 from draftwise.loading import load_lm
+from draftwise.scheduler import Scheduler, run_together
 from draftwise.target import LocalTarget
 
 from exactness_support import near_tie_or_equal, run_at_once
@@ -41,31 +41,6 @@ def test_a_pass_takes_the_smallest_requests_first_up_to_its_budget():
     prompt.fed = 590
     assert [(r.seq, n) for r, n in _plan([prompt, block, step], 12)] == [(0, 1), (1, 5), (2, 6)]
     assert [(r.seq, n) for r, n in _plan([prompt, block], 3)] == [(1, 3)]
-
-
-def _gathered_after(busy: bool, late_s: float) -> tuple[list[int], float]:
-    """Sequence 0 has a request pending, sequence 1 (in the last pass too) comes ``late_s``
-    later; the sequences of the first gather (gather 0.01 s, align 0.5 s), and its wait."""
-    queue = _Queue()
-    queue.put(Request(0, [1], 0, 1))
-    late = threading.Timer(late_s, lambda: queue.put(Request(1, [1], 0, 1)))
-    late.start()
-    started = time.monotonic()
-    pending = queue.gather({0, 1}, 0.01, 0.5, lambda: busy) or []
-    waited = time.monotonic() - started
-    late.join()
-    return [r.seq for r in pending], waited
-
-
-def test_a_pass_waits_for_a_missing_stream_while_the_decode_thread_works_for_others():
-    # Another context's pass (the missing stream's draft) keeps the decode thread busy: wait.
-    assert _gathered_after(busy=True, late_s=0.1)[0] == [0, 1]
-    # The decode thread is idle: the missing stream is not drafting; go after the short wait.
-    seqs, waited = _gathered_after(busy=False, late_s=0.3)
-    assert seqs == [0] and waited < 0.3
-    # Never past the alignment bound, busy or not.
-    seqs, waited = _gathered_after(busy=True, late_s=1.5)
-    assert seqs == [0] and 0.5 <= waited < 1.5
 
 
 needs_model = needs_smol_on_llama_cpp
@@ -124,48 +99,60 @@ def _config(drafter: bool) -> GenerationConfig:
 
 @needs_model
 @pytest.mark.parametrize("drafter", [False, True], ids=["plain", "ngram"])
-def test_concurrent_streams_share_passes_and_give_the_tokens_they_give_alone(alone, shared, drafter):
+def test_streams_in_rounds_share_passes_and_give_the_tokens_they_give_alone(alone, shared, drafter):
     expected = [_alone(alone, p, drafter) for p in PROMPTS]
     sequences = [shared, *(shared.fork() for _ in PROMPTS[1:])]
     before = (shared.batcher.stats.passes, shared.batcher.stats.sequences)
-
-    def run(i: int) -> list[int]:
-        lm = sequences[i]
+    streams = []
+    for lm, prompt in zip(sequences, PROMPTS):
         engine = SpeculativeEngine(LocalTarget(lm), NGramDrafter() if drafter else None, lm.tokenizer)
-        return engine.generate(lm.tokenizer.encode(PROMPTS[i]), _config(drafter)).tokens
-
-    outputs = run_at_once(run, len(PROMPTS))
+        streams.append(engine.steps(lm.tokenizer.encode(prompt), _config(drafter)))
+    outputs = [[t for event in events for t in event.tokens] for events in run_together(streams)]
     passes = shared.batcher.stats.passes - before[0]
     served = shared.batcher.stats.sequences - before[1]
-    assert served > passes  # passes were shared: more than one sequence per pass on average
+    # Every round's pass held every stream still running: 4 prompts, then 4 steps a pass.
+    assert served >= 3 * passes
     for i, prompt in enumerate(PROMPTS):
         assert len(outputs[i]) == GREEDY.max_new_tokens
         near_tie_or_equal(alone, alone.tokenizer.encode(prompt), expected[i], outputs[i])
 
 
+def _steps_of(lm, n: int):
+    """A stream of ``n`` one-token greedy steps after what ``lm`` holds (its last token fed again)."""
+    for _ in range(n):
+        scores = yield Forward(lm, [int(lm.tokens[-1])] if lm.tokens else [1], last=1)
+        assert scores.shape[0] == 1
+    return n
+
+
+def _prompt_of(lm, ids: list[int]):
+    return (yield Forward(lm, ids, last=2))
+
+
 @needs_model
 def test_a_long_prompt_is_fed_in_pieces_between_the_others_steps(alone, shared):
     long_ids = (alone.tokenizer.encode(PROMPTS[1]) * 30)[:300]
-    short = shared.fork()
-    long = shared.fork()
+    short, long = shared.fork(), shared.fork()
     short.reset()
     short.forward(alone.tokenizer.encode(PROMPTS[0]), last=1)
-    result: list[torch.Tensor] = []
-    feeder = threading.Thread(target=lambda: result.append(long.forward(long_ids, last=2)))
-    feeder.start()
-    passes = shared.batcher.stats.passes
-    steps_during = 0  # short's steps that came back while the long prompt was still being fed
-    while feeder.is_alive() and steps_during < 200:
-        short.forward([int(short.tokens[-1])], last=1)
-        steps_during += feeder.is_alive()
-    feeder.join(timeout=600)
-    assert shared.batcher.stats.passes - passes >= 300 // 64  # the prompt went in pieces of the row budget
-    assert steps_during >= 2
-    assert result and result[0].shape == (2, alone.vocab_size)
+    long.reset()
+    scheduler = Scheduler()
+    rows, passes = shared.batcher.stats.rows, shared.batcher.stats.passes
+    _, (scores,) = run_together([_steps_of(short, 8), _wrap(_prompt_of(long, long_ids))], scheduler)
+    # 300 rows of prompt at 63 a pass beside the short stream's step: 5 passes, each with a step.
+    assert shared.batcher.stats.passes - passes == scheduler.stats.rounds - 1 == 8
+    assert shared.batcher.stats.rows - rows == 300 + 8
+    assert scores.shape == (2, alone.vocab_size)
     alone.reset()
     reference = alone.forward(long_ids, last=2)
-    assert torch.equal(reference.argmax(-1), result[0].argmax(-1))
+    assert torch.equal(reference.argmax(-1), scores.argmax(-1))
     assert len(long.tokens) == 300
+
+
+def _wrap(passes):
+    """A stream whose one event is what ``passes`` returns."""
+    result = yield from passes
+    yield result
 
 
 @needs_model
@@ -174,8 +161,7 @@ def test_a_prompt_that_starts_as_the_cache_does_feeds_only_the_rest(alone, share
     first = lm.tokenizer.encode(PROMPTS[2])
     second = first + lm.tokenizer.encode(" a fisherman who", add_special_tokens=False)
     engine = SpeculativeEngine(LocalTarget(lm), None, lm.tokenizer)
-    engine.generate(first, GREEDY)
-    lm.rest()  # the generation ended; its cache stays
+    engine.generate(first, GREEDY)  # the generation ended; its cache stays
     keep = cached_start(lm, second)
     assert keep >= len(first)  # (more where the first answer began as the second prompt goes on)
     rows = shared.batcher.stats.rows

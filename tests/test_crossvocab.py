@@ -20,6 +20,7 @@ from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
 from draftwise.drafters import CrossVocabDrafter, HybridDrafter, ModelDrafter, build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.errors import IncompatibleModelsError
+from draftwise.lm import drive
 from draftwise.retokenize import (
     TextTokens,
     TokenText,
@@ -315,13 +316,13 @@ def test_a_draft_stops_at_the_first_token_that_settles_its_block(target, baselin
 
     monkeypatch.setattr(draft, "forward", counted)
     drafter.start(prompt, config(confidence_threshold=0.0), None)
-    drafter.propose(prompt, 1)  # the prompt's catch-up, a pass of its own
+    drive(drafter.propose(prompt, 1))  # the prompt's catch-up, a pass of its own
     early = 0
     for at in range(len(baseline) - 6):
         context, rest = prompt + baseline[:at], baseline[at:]
         for k in (1, 2, 3):
             calls.clear()
-            assert drafter.propose(context, k).tokens.tolist() == rest[:k]
+            assert drive(drafter.propose(context, k)).tokens.tolist() == rest[:k]
             first = next((d for d in range(1, k + 3) if settled(target.tokenizer, rest[:d], k)), k + 2)
             assert len(calls) == first
             early += first < k + 2
@@ -334,9 +335,9 @@ def test_a_draft_whose_context_is_full_stops_drafting(target, drafts):
     drafter = CrossVocabDrafter(draft, target.tokenizer)
     prompt = target.tokenizer.encode(PROMPT)  # 42 tokens: room for a few draft tokens
     drafter.start(prompt, config(), None)
-    assert drafter.offers(prompt) and 0 < len(drafter.propose(prompt, 12)) < 12
+    assert drafter.offers(prompt) and 0 < len(drive(drafter.propose(prompt, 12))) < 12
     longer = target.tokenizer.encode(PROMPT + " mat.")
-    assert drafter.offers(longer) == () and len(drafter.propose(longer, 4)) == 0
+    assert drafter.offers(longer) == () and len(drive(drafter.propose(longer, 4))) == 0
     result = SpeculativeEngine.from_models(target, drafter).generate(PROMPT, config(k_policy="fixed", k=4))
     assert result.tokens == autoregressive(target).generate(PROMPT, config()).tokens
 
@@ -359,7 +360,7 @@ def test_sampling_drafts_greedily_whatever_the_temperature(target, drafts):
     for seed in range(4):
         sampled = GenerationConfig(sampling=SamplingConfig(temperature=1.0, seed=seed))
         drafter.start(prompt, sampled, torch.Generator().manual_seed(seed))
-        seen[tuple(drafter.propose(prompt, 4).tokens.tolist())] += 1
+        seen[tuple(drive(drafter.propose(prompt, 4)).tokens.tolist())] += 1
     assert len(seen) == 1  # the same block every time: the draft's best guess
 
 

@@ -16,6 +16,7 @@ from draftwise import (
     SpeculativeEngine,
 )
 from draftwise.drafters import Proposal, build_drafter
+from draftwise.lm import drive
 from draftwise.policies import Offer
 from draftwise.target import LocalTarget
 from draftwise.verify import Verdict
@@ -24,7 +25,7 @@ from draftwise.verify import Verdict
 def ngram(context: list[int], k: int = 3, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
     drafter = NGramDrafter()
     drafter.start(context, GenerationConfig(draft=DraftConfig(ngram_max=ngram_max, ngram_min=ngram_min)), None)
-    proposal = drafter.propose(context, k)
+    proposal = drive(drafter.propose(context, k))
     assert proposal.probs is None  # a point mass: no draft distribution
     return proposal.tokens.tolist()
 
@@ -69,12 +70,12 @@ def test_ngram_index_follows_a_growing_context():
     drafter = NGramDrafter()
     context = [1, 2, 3, 4]
     drafter.start(context, GenerationConfig(draft=DraftConfig(ngram_max=2)), None)
-    assert drafter.propose(context, 2).tokens.tolist() == []
+    assert drive(drafter.propose(context, 2)).tokens.tolist() == []
     for token in [1, 2, 7, 1, 2]:
         context.append(token)
         drafter.observe(context, Verdict(n_accepted=0, next_token=token, n_proposed=0))
-        assert drafter.propose(context, 2).tokens.tolist() == ngram(context, k=2, ngram_max=2)
-    assert drafter.propose(context, 2).tokens.tolist() == [7, 1]
+        assert drive(drafter.propose(context, 2)).tokens.tolist() == ngram(context, k=2, ngram_max=2)
+    assert drive(drafter.propose(context, 2)).tokens.tolist() == [7, 1]
 
 
 def test_build_drafter_makes_each_named_drafter(tiny_random_draft):
@@ -128,7 +129,7 @@ def test_model_drafter_cache_stays_consistent(tiny_target, tiny_near_draft, samp
     assert steps > 3
     # Drafting from the rolled-back cache gives what a fresh run gives.
     drafter.start(prompt, cfg.model_copy(update={"sampling": SamplingConfig()}), None)
-    proposal = drafter.propose(context, 3)
+    proposal = drive(drafter.propose(context, 3))
     assert proposal.tokens.tolist() == fresh_greedy(tiny_near_draft.fork(), context, 3)
 
 
@@ -140,7 +141,7 @@ def test_model_drafter_greedy_proposal_matches_fresh_run_each_step(tiny_target, 
     context = list(prompt)
     reference_lm = tiny_near_draft.fork()  # same weights, its own cache
     for step in range(4):
-        proposal = drafter.propose(context, 3)
+        proposal = drive(drafter.propose(context, 3))
         assert proposal.tokens.tolist() == fresh_greedy(reference_lm, context, 3)
         assert proposal.probs.shape == (3, tiny_near_draft.vocab_size)
         torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(3))
@@ -157,7 +158,7 @@ def test_confidence_early_stop(tiny_near_draft, threshold):
     drafter = ModelDrafter(tiny_near_draft)
     prompt = list(b"The quick brown fox")
     drafter.start(prompt, GenerationConfig(draft=DraftConfig(confidence_threshold=threshold)), None)
-    proposal = drafter.propose(prompt, 8)
+    proposal = drive(drafter.propose(prompt, 8))
     top = proposal.probs.max(-1).values.tolist()
     if threshold == 0.0:
         assert len(proposal) == 8
@@ -176,7 +177,7 @@ def test_confidence_early_stop_proposes_fewer_tokens(tiny_near_draft):
         count = 0
         for text in (b"The quick brown fox", b"hello world", b"0123456789"):
             drafter.start(list(text), cfg, None)
-            count += len(drafter.propose(list(text), 8))
+            count += len(drive(drafter.propose(list(text), 8)))
         return count
 
     assert total(0.0) == 24
@@ -186,7 +187,7 @@ def test_confidence_early_stop_proposes_fewer_tokens(tiny_near_draft):
 def test_model_drafter_zero_k_drafts_nothing(tiny_near_draft):
     drafter = ModelDrafter(tiny_near_draft)
     drafter.start([1, 2, 3], GenerationConfig(), None)
-    assert len(drafter.propose([1, 2, 3], 0)) == 0
+    assert len(drive(drafter.propose([1, 2, 3], 0))) == 0
 
 
 class _FixedModel(ModelDrafter):
@@ -202,6 +203,7 @@ class _FixedModel(ModelDrafter):
         return (Offer("model"),)
 
     def propose(self, context, k, source=None):
+        yield from ()  # no pass
         self.calls += 1
         return Proposal(tokens=torch.full((k,), 7, dtype=torch.long))
 
@@ -214,7 +216,7 @@ def _hybrid(context: list[int], k: int) -> tuple[list[int], int]:
     model = _FixedModel()
     hybrid = HybridDrafter(model)
     hybrid.start(context, GenerationConfig(), None)
-    return hybrid.propose(context, k).tokens.tolist(), model.calls
+    return drive(hybrid.propose(context, k)).tokens.tolist(), model.calls
 
 
 def test_hybrid_looks_up_repeats_of_three_tokens_and_asks_the_model_otherwise():
@@ -231,14 +233,14 @@ def test_ngram_keeps_copying_the_passage_it_copies():
     config = GenerationConfig(draft=DraftConfig(ngram_max=2, ngram_min=1))
     drafter.start(passage, config, None)
     context = passage + [10, 11]
-    assert drafter.propose(context, 2).tokens.tolist() == [12, 13]
+    assert drive(drafter.propose(context, 2)).tokens.tolist() == [12, 13]
     # Both were written: the copy goes on at 20, though "12 13" last occurred before 99.
     context += [12, 13]
-    assert drafter.propose(context, 2).tokens.tolist() == [20, 21]
+    assert drive(drafter.propose(context, 2)).tokens.tolist() == [20, 21]
     # A fresh lookup (no copy in progress) takes the latest occurrence.
     fresh = NGramDrafter()
     fresh.start(context, config, None)
-    assert fresh.propose(context, 1).tokens.tolist() == [99]
+    assert drive(fresh.propose(context, 1)).tokens.tolist() == [99]
     # Where the context leaves the passage, the lookup starts over.
     context += [77, 12, 13]
-    assert drafter.propose(context, 1).tokens.tolist() == [77]  # the latest "12 13" now
+    assert drive(drafter.propose(context, 1)).tokens.tolist() == [77]  # the latest "12 13" now

@@ -26,7 +26,7 @@ from draftwise import (
 )
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.drafters import EMPTY_PROPOSAL
-from draftwise.lm import prefill, sync
+from draftwise.lm import drive, prefill, sync
 from draftwise.policies import Offer
 from draftwise.stopping import TextStream
 from draftwise.target import LocalTarget
@@ -209,13 +209,14 @@ class OracleDrafter:
         self.extra = extra
         self._prompt_len = 0
 
-    def start(self, prompt, config, generator, cancelled=None) -> None:
+    def start(self, prompt, config, generator) -> None:
         self._prompt_len = len(prompt)
 
     def offers(self, context) -> tuple[Offer, ...]:
         return (Offer("oracle"),)
 
-    def propose(self, context, k: int, source: str | None = None) -> Proposal:
+    def propose(self, context, k: int, source: str | None = None):
+        yield from ()  # no pass
         done = len(context) - self._prompt_len
         block = self.script[done : done + k + self.extra]
         return Proposal(tokens=torch.tensor(block, dtype=torch.long)) if block else EMPTY_PROPOSAL
@@ -440,18 +441,18 @@ def test_prefill_keeps_what_the_cache_holds_of_the_prompt(tiny_target):
         return forward(tokens, last)
 
     tiny_target.reset()
-    prefill(tiny_target, [1, 2, 3, 4, 5, 6])  # everything but the last token
+    drive(prefill(tiny_target, [1, 2, 3, 4, 5, 6]))  # everything but the last token
     tiny_target.forward = counting
     try:
-        prefill(tiny_target, [1, 2, 3, 7, 8, 9])  # shares [1 2 3] with the cache
+        drive(prefill(tiny_target, [1, 2, 3, 7, 8, 9]))  # shares [1 2 3] with the cache
         assert fed == [[7, 8]] and tiny_target.tokens == [1, 2, 3, 7, 8]
         kept = tiny_target.forward([9], last=1)
-        prefill(tiny_target, [1, 2, 3, 7, 8, 9])  # the whole body is cached: nothing to feed
+        drive(prefill(tiny_target, [1, 2, 3, 7, 8, 9]))  # the whole body is cached: nothing to feed
         assert fed == [[7, 8], [9]] and tiny_target.tokens == [1, 2, 3, 7, 8]
     finally:
         del tiny_target.forward
     tiny_target.reset()
-    prefill(tiny_target, [1, 2, 3, 7, 8, 9])
+    drive(prefill(tiny_target, [1, 2, 3, 7, 8, 9]))
     fresh = tiny_target.forward([9], last=1)
     torch.testing.assert_close(kept, fresh)  # the kept start scores as a fresh prefill does
 

@@ -129,7 +129,8 @@ class RandomDrafter:
     def offers(self, context) -> tuple[Offer, ...]:
         return (Offer("random"),)
 
-    def propose(self, context, k, source=None) -> Proposal:
+    def propose(self, context, k, source=None):
+        yield from ()  # no pass
         if k <= 0:
             return EMPTY_PROPOSAL
         return Proposal(tokens=torch.randint(0, self.vocab_size, (k,), generator=self.generator), source="random")

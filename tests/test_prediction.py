@@ -12,6 +12,7 @@ from draftwise import DraftConfig, GenerationConfig, SpeculativeEngine
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.drafters import NGramDrafter, Sources
 from draftwise.engine import autoregressive
+from draftwise.lm import drive
 from draftwise.metrics import GenerationMetrics
 from draftwise.policies import Choice, CostAwareK, Offer, Outcome
 from draftwise.prediction import PREDICTION, PredictionDrafter, token_offsets, with_prediction
@@ -31,7 +32,7 @@ def drafter_for(prompt: str, prediction: str, tokenizer=None) -> tuple[Predictio
 
 
 def draft_text(drafter: PredictionDrafter, context: list[int], k: int) -> str:
-    return drafter.tokenizer.decode(drafter.propose(context, k).tokens.tolist())
+    return drafter.tokenizer.decode(drive(drafter.propose(context, k)).tokens.tolist())
 
 
 def test_it_drafts_the_prediction_from_the_start_and_follows_the_output():
@@ -50,7 +51,7 @@ def test_it_drafts_the_prediction_from_the_start_and_follows_the_output():
     assert draft_text(drafter, context, 6) == "ea(rad"
     offer = drafter.offers(context)[0]  # followed: grounded
     assert (offer.key, offer.grounded, offer.limit) == (PREDICTION, True, len(PREDICTED) - 6)
-    assert drafter.propose(context, 3).probs is None  # a point mass
+    assert drive(drafter.propose(context, 3)).probs is None  # a point mass
 
 
 def test_it_offers_nothing_while_lost_and_resyncs_on_the_last_output_tokens():
@@ -215,7 +216,7 @@ def test_the_other_drafter_drafts_only_where_the_output_left_the_prediction():
     assert [o.source for o in both.offers(prompt)] == [PREDICTION]
     off = prompt + tok.encode("xyz", add_special_tokens=False)  # not in the prediction; "xyz" repeats
     assert [o.source for o in both.offers(off)] == ["ngram"]
-    assert both.propose(off, 2, "ngram").tokens.tolist() == tok.encode(" x", add_special_tokens=False)
+    assert drive(both.propose(off, 2, "ngram")).tokens.tolist() == tok.encode(" x", add_special_tokens=False)
 
 
 def test_a_rename_is_carried_through_the_rest_of_the_prediction():

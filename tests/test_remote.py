@@ -19,6 +19,7 @@ from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
 from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal
 from draftwise.engine import SpeculativeEngine
+from draftwise.lm import drive
 from draftwise.remote.client import RemoteTarget, RemoteVerifierError, connect
 from draftwise.remote.protocol import decode_verify_response, encode_verify_request, tokenizer_fingerprint
 from draftwise.remote.server import create_app
@@ -125,7 +126,7 @@ def test_proposal_top_limits_the_draft_distribution(tiny_random_draft):
     drafter = ModelDrafter(tiny_random_draft)
     config = GenerationConfig(sampling=SamplingConfig(temperature=1.0, seed=1), draft=DraftConfig(proposal_top=5))
     drafter.start([1, 2, 3], config, torch.Generator().manual_seed(0))
-    proposal = drafter.propose([1, 2, 3], 3)
+    proposal = drive(drafter.propose([1, 2, 3], 3))
     assert ((proposal.probs > 0).sum(-1) <= 5).all()
     torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(len(proposal)))
 
@@ -172,8 +173,8 @@ def test_auth(target_lm):
         good = {"authorization": "Bearer s3cret"}
         assert http.get("/info", headers=good).status_code == 200
         with connect(base, api_key="s3cret") as target:
-            target.start([1, 2, 3], GenerationConfig(), None)
-            assert target.verify([1, 2, 3], Proposal(torch.tensor([4]))).verdict.n_proposed == 1
+            drive(target.start([1, 2, 3], GenerationConfig(), None))
+            assert drive(target.verify([1, 2, 3], Proposal(torch.tensor([4])))).verdict.n_proposed == 1
 
 
 def test_lru_eviction(target_lm):
@@ -314,12 +315,12 @@ def test_bad_input_is_a_4xx_with_a_message_and_the_server_keeps_serving(http, ta
 def test_a_client_sees_server_refusals_as_clear_errors(url):
     target = RemoteTarget(url)
     with pytest.raises(RemoteVerifierError, match="before start"):
-        target.verify([1], Proposal(torch.tensor([2])))
+        drive(target.verify([1], Proposal(torch.tensor([2]))))
     config = GenerationConfig(sampling=SamplingConfig(temperature=1.0))
-    target.start([1, 2], config, None)
+    drive(target.start([1, 2], config, None))
     vocab = target.info.vocab_size
     with pytest.raises(RemoteVerifierError, match="422.*vocabulary"):
-        target.verify([1, 2], Proposal(torch.tensor([vocab]), torch.full((1, vocab + 1), 1.0 / (vocab + 1))))
+        drive(target.verify([1, 2], Proposal(torch.tensor([vocab]), torch.full((1, vocab + 1), 1.0 / (vocab + 1)))))
     target.close()
 
 

@@ -12,7 +12,7 @@ import torch
 from draftwise import DraftConfig, GenerationConfig, ModelDrafter, SpeculativeEngine
 from draftwise.backends.llamacpp import ContextOverflowError
 from draftwise.errors import ContextLengthError, TargetError
-from draftwise.target import LocalTarget, Verification
+from draftwise.target import LocalTarget
 
 PROMPT = "The cat sat on the mat. The cat sat on the"
 CONFIG = GenerationConfig(max_new_tokens=80, ignore_eos=True, draft=DraftConfig(k_policy="fixed", k=4))
@@ -43,10 +43,10 @@ class RefusesAfter:
         self.steps = steps
         self.eos_token_ids = target.eos_token_ids
 
-    def start(self, prompt, config, generator, cancelled=None) -> None:
-        self.target.start(prompt, config, generator, cancelled)
+    def start(self, prompt, config, generator):
+        return self.target.start(prompt, config, generator)
 
-    def verify(self, context, proposal, mask=None) -> Verification:
+    def verify(self, context, proposal, mask=None):
         if self.steps == 0:
             raise TargetError("cannot reach the verifier at http://127.0.0.1:1: connection refused")
         self.steps -= 1

@@ -3,7 +3,8 @@
 Every drafter speaks the same protocol, so the decode loop never asks which one it has:
 ``start`` once per sequence, ``offers`` what each of its sources could propose now (a draft
 policy picks one, see ``draftwise.policies``), ``propose`` a block from the chosen source,
-``observe`` the verdict.
+``observe`` the verdict. A proposal may need passes of a draft model: ``propose`` returns
+them as ``Passes`` (``draftwise.lm``), run by whoever runs the stream.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from draftwise.config import DrafterKind, GenerationConfig, SamplingConfig
-from draftwise.lm import LanguageModel, Tokenizer, sync
+from draftwise.lm import Forward, LanguageModel, Passes, Tokenizer, ready, sync
 from draftwise.policies import Offer
 from draftwise.retokenize import TextTokens, TokenText, added_text, proposal_ids, settled
 from draftwise.tokenizer_compat import shares_vocabulary
@@ -66,9 +67,9 @@ class Drafter(Protocol):
     def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
         """What each source could propose after ``context``, preferred first (cheap: no model pass)."""
 
-    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Passes[Proposal]:
         """Propose up to ``k`` tokens to follow ``context`` (the committed tokens so far),
-        from ``source`` (default: the preferred one)."""
+        from ``source`` (default: the preferred one); ``drive(...)`` runs it alone."""
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         """Learn the verdict on the last proposal; ``context`` is the committed sequence after it."""
@@ -107,20 +108,22 @@ class ModelDrafter:
             return ()
         return (Offer(MODEL, behind=max(0, len(context) - 1 - len(self.lm.tokens))),)
 
-    def _catch_up(self, context: Sequence[int]) -> tuple[list[int], float, int]:
+    def _catch_up(self, context: Sequence[int]) -> Passes[tuple[list[int], float, int]]:
         """Sync the cache with ``context``; feed a long gap now, as a prefill. Returns what
         is left to feed with the first draft step, the catch-up's seconds and tokens."""
         feed = sync(self.lm, context)
         if len(feed) <= self.CATCHUP:
             return feed, 0.0, 0
         started = time.perf_counter()
-        self.lm.forward(feed[:-1], last=1)
+        yield Forward(self.lm, feed[:-1], last=1)
         return feed[-1:], time.perf_counter() - started, len(feed) - 1
 
-    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Passes[Proposal]:
         return self.draft(context, k)
 
-    def draft(self, context: Sequence[int], k: int, enough: Callable[[list[int]], bool] | None = None) -> Proposal:
+    def draft(
+        self, context: Sequence[int], k: int, enough: Callable[[list[int]], bool] | None = None
+    ) -> Passes[Proposal]:
         """Up to ``k`` draft tokens after ``context``; ``enough`` may end the block sooner: it
         sees the tokens drafted so far after each one."""
         k = min(k, self.room(len(context)))
@@ -133,11 +136,11 @@ class ModelDrafter:
         top_k, top_n = sampling.top_k, self._config.draft.proposal_top
         if top_n and not sampling.greedy:
             top_k = min(top_k or top_n, top_n)
-        feed, catchup_seconds, catchup_tokens = self._catch_up(context)
+        feed, catchup_seconds, catchup_tokens = yield from self._catch_up(context)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for _ in range(k):
-            logits = self.lm.forward(feed, last=1)  # [1, V]
+            logits = yield Forward(self.lm, feed, last=1)  # [1, V]
             q = logits_to_probs(logits, sampling.temperature, top_k, sampling.top_p)[0]
             token = int(logits[0].argmax()) if sampling.greedy else sample(q, self._generator)
             tokens.append(token)
@@ -246,7 +249,11 @@ class NGramDrafter:
         key = f"{NGRAM}:copy" if self.copying else f"{NGRAM}:{min(n, 3)}"
         return (Offer(NGRAM, limit=len(context) - end - 1, key=key, cost_hint=0.0, grounded=self.copying),)
 
-    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Passes[Proposal]:
+        return ready(self.lookup_block(context, k))
+
+    def lookup_block(self, context: Sequence[int], k: int) -> Proposal:
+        """The block of up to ``k`` tokens that followed the match (no pass)."""
         if k <= 0:
             return EMPTY_PROPOSAL
         n, end = self.lookup(context)
@@ -326,7 +333,7 @@ class CrossVocabDrafter:
         text = self._text_of(drafted)
         return proposal_ids(self.target_tokenizer, context, self.read, text, self.LOOKBEHIND) if text else []
 
-    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Passes[Proposal]:
         self._follow(context)
         steps = self._steps(k) if k > 0 else 0
         if steps <= 0:
@@ -337,7 +344,7 @@ class CrossVocabDrafter:
             ids = self._target_ids(context, drafted)
             return drafted[-1] in self._ends or settled(self.target_tokenizer, ids, k)
 
-        drafted = self.model.draft(self.draft_ids.ids, steps, enough)
+        drafted = yield from self.model.draft(self.draft_ids.ids, steps, enough)
         ids = self._target_ids(context, drafted.tokens.tolist())
         return Proposal(
             tokens=torch.tensor(ids[:k], dtype=torch.long),
@@ -388,7 +395,7 @@ class HybridDrafter:
         lookup = tuple(o for o in self.ngram.offers(context) if (o.limit or 0) >= 2)
         return lookup + self.model.offers(context)
 
-    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Passes[Proposal]:
         if source is None:
             source = self.offers(context)[0].source
         return (self.ngram if source == NGRAM else self.model).propose(context, k)
@@ -425,16 +432,16 @@ class Sources:
                 break
         return tuple(offers)
 
-    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Passes[Proposal]:
         if source is None:
             offers = self.offers(context)
             if not offers:
-                return EMPTY_PROPOSAL
+                return ready(EMPTY_PROPOSAL)
             source = offers[0].source
         if source not in self._owner:
             self.offers(context)
         owner = self._owner.get(source)
-        return owner.propose(context, k, source) if owner is not None else EMPTY_PROPOSAL
+        return owner.propose(context, k, source) if owner is not None else ready(EMPTY_PROPOSAL)
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         for drafter in self.drafters:

@@ -18,7 +18,7 @@ from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, model_drafter,
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
 from draftwise.grammar import Constrained, Constraint, Grammars, Triggered
-from draftwise.lm import LanguageModel, Tokenizer
+from draftwise.lm import Forward, LanguageModel, Tokenizer, run_alone
 from draftwise.metrics import GenerationMetrics
 from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy
 from draftwise.prediction import with_prediction
@@ -188,6 +188,10 @@ class _Run:
         )
 
 
+# A generation as it runs: the passes it asks for (sent their scores) and its step events.
+Steps = Generator[Forward | StepEvent, torch.Tensor, None]
+
+
 def seeded_generators(seed: int | None) -> tuple[torch.Generator | None, torch.Generator | None]:
     """The (target, drafter) random streams of a seeded run; (None, None) without a seed.
 
@@ -248,9 +252,17 @@ class SpeculativeEngine:
         config: GenerationConfig | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> Generator[StepEvent, None, None]:
-        """Generate, yielding one event per target pass. The consumer may stop between events;
-        ``cancelled`` also reaches into the prefill, which is one long pass: once it is true
-        there, the stream ends with no event."""
+        """Generate alone, yielding one event per target pass. The consumer may stop between
+        events; ``cancelled`` also reaches between the passes of a step and into the prefill
+        (a long prompt is fed in pieces): once it is true there, the stream ends with no
+        further event."""
+        return run_alone(self.steps(prompt, config), cancelled)
+
+    def steps(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Steps:
+        """One generation as the passes it needs and the events it makes, in order: it
+        yields each pass (a ``Forward``) and is sent its scores, and yields each step's
+        event (and is sent nothing). ``stream`` runs it alone; a server's scheduler runs many
+        at once, their passes batched in rounds (``draftwise.scheduler``)."""
         config = config or GenerationConfig()
         # A request's prediction is a source of its own, preferred to the engine's drafter's.
         # Its grammar masks every step; where there is a drafter, the grammar's forced text
@@ -263,7 +275,7 @@ class SpeculativeEngine:
         policy = make_policy(config.draft, self.profile) if drafter is not None else FixedK(0)
         run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy, constraint)
         try:
-            yield from self._steps(run, drafter, cancelled)
+            yield from self._steps(run, drafter)
         finally:
             # 7. Whatever ended the run (its end, an error, Ctrl-C, a consumer that stopped
             # reading): the target frees what the run held (a remote verifier's session).
@@ -276,15 +288,11 @@ class SpeculativeEngine:
             raise ValueError("a grammar needs the target's tokenizer (SpeculativeEngine(grammars=...))")
         return self.grammars.constraint(config.grammar)
 
-    def _steps(
-        self, run: _Run, drafter: Drafter | None, cancelled: Callable[[], bool] | None
-    ) -> Generator[StepEvent, None, None]:
+    def _steps(self, run: _Run, drafter: Drafter | None) -> Steps:
         target_generator, drafter_generator = seeded_generators(run.config.sampling.seed)
-        # 1. Prefill target and drafter with the prompt (unless cancelled meanwhile).
+        # 1. Prefill target and drafter with the prompt.
         started = time.perf_counter()
-        self.target.start(run.context, run.config, target_generator, cancelled)
-        if cancelled is not None and cancelled():
-            return
+        yield from self.target.start(run.context, run.config, target_generator)
         if drafter is not None:
             drafter.start(run.context, run.config, drafter_generator)
         run.prefill_seconds = time.perf_counter() - started
@@ -296,13 +304,13 @@ class SpeculativeEngine:
             try:
                 # 3. Draft.
                 proposal = (
-                    drafter.propose(run.context, choice.k, choice.source)
+                    (yield from drafter.propose(run.context, choice.k, choice.source))
                     if drafter is not None and choice.k > 0
                     else EMPTY_PROPOSAL
                 )
                 drafted = time.perf_counter()
                 # 4. Verify the whole block in one target pass (under the grammar's masks).
-                check = self.target.verify(run.context, proposal, run.masks(proposal))
+                check = yield from self.target.verify(run.context, proposal, run.masks(proposal))
             except TargetError as refusal:
                 # A full context (target's or draft's) or a verifier gone away: end with the
                 # text so far and a finish reason instead of raising it away.
@@ -314,7 +322,7 @@ class SpeculativeEngine:
             event = run.commit(
                 choice, proposal, check, drafted - step_started, verified - drafted, step_started, observe
             )
-            # 6. Hand the step to the consumer.
+            # 6. Hand the step to whoever runs the stream.
             yield event
 
     def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:

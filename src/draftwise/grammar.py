@@ -34,7 +34,7 @@ import torch
 from draftwise.config import GrammarSpec
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal
 from draftwise.errors import DraftwiseError
-from draftwise.lm import Tokenizer
+from draftwise.lm import Passes, Tokenizer
 from draftwise.policies import Offer
 from draftwise.verify import Verdict
 
@@ -437,12 +437,12 @@ class Constrained:
             return (Offer(GRAMMAR, limit=len(self._forced), cost_hint=0.0, grounded=True),)
         return self.inner.offers(context) if self.inner is not None else ()
 
-    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Passes[Proposal]:
         if source == GRAMMAR or (source is None and self._forced):
             return Proposal(tokens=torch.tensor(self._forced[:k], dtype=torch.long), source=GRAMMAR)
         if self.inner is None:
             return EMPTY_PROPOSAL
-        proposal = self.inner.propose(context, k, source)
+        proposal = yield from self.inner.propose(context, k, source)
         keep = self.constraint.cut(proposal.tokens.tolist())
         if keep == len(proposal):
             return proposal

@@ -7,13 +7,19 @@ same weights. Backends live behind it (``draftwise.backends.hf`` for transformer
 seam imports a backend's libraries or reaches into a backend's objects.
 
 ``prefill`` and ``sync`` are written once here, over the protocol.
+
+Passes are values. Code that needs a model's scores (a prefill, a draft, a verification)
+is a generator that yields a ``Forward`` and receives its scores: ``scores = yield
+Forward(lm, tokens, last)``. One stream alone runs its passes as they come (``drive``); a
+server's ``draftwise.scheduler.Scheduler`` gathers every stream's pending pass in rounds and
+runs those over one model's sequences as one batched pass (``Batch``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -71,6 +77,99 @@ class PassInfo:
     seconds: float
 
 
+@dataclass(eq=False)
+class Forward:
+    """A pass a stream asks for: append ``tokens`` to ``lm``'s sequence and return the scores
+    ``[last or n, V]`` of its final positions (see ``LanguageModel.forward``).
+
+    A backend that batches may take several passes to feed it (a long prompt goes in pieces
+    beside the other streams' steps): ``scores`` is set once it is fed whole; ``state`` is
+    the backend's bookkeeping meanwhile.
+    """
+
+    lm: LanguageModel
+    tokens: Sequence[int]
+    last: int | None = None
+    scores: torch.Tensor | None = None  # [last or n, V] float32, once done
+    error: BaseException | None = None  # why it cannot be done (a full context, a failed pass)
+    state: Any = field(default=None, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self.scores is not None or self.error is not None
+
+    def run(self) -> torch.Tensor:  # [last or n, V]
+        """Run this pass alone, now."""
+        return self.lm.forward(self.tokens, self.last)
+
+
+T = TypeVar("T")
+# A computation that needs passes: it yields each ``Forward`` and is sent back its scores
+# ``[last or n, V]``; what it returns is its result.
+Passes = Generator[Forward, torch.Tensor, T]
+
+
+def ready(value: T) -> Passes[T]:
+    """``value``, as a computation that needs no pass."""
+    yield from ()
+    return value
+
+
+def drive(passes: Passes[T]) -> T:
+    """Run ``passes`` alone: each pass as it is asked for (a pass that fails raises inside
+    ``passes``, where the code that asked may handle it); return its result."""
+    try:
+        request = next(passes)
+        while True:
+            try:
+                scores = request.run()
+            except Exception as exc:
+                request = passes.throw(exc)
+            else:
+                request = passes.send(scores)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+E = TypeVar("E")
+
+
+def run_alone(
+    stream: Generator[Forward | E, torch.Tensor, None], cancelled: Callable[[], bool] | None = None
+) -> Generator[E, None, None]:
+    """Run a stream of passes and events alone: its passes as they come (as ``drive``), its
+    events yielded. Once ``cancelled()`` is true before a pass (a long prefill goes in
+    several), the stream ends there; so it does once the consumer stops reading."""
+    try:
+        item = next(stream)
+        while True:
+            if not isinstance(item, Forward):
+                yield item
+                item = next(stream)
+            elif cancelled is not None and cancelled():
+                return
+            else:
+                try:
+                    scores = item.run()
+                except Exception as exc:
+                    item = stream.throw(exc)
+                else:
+                    item = stream.send(scores)
+    except StopIteration:
+        return
+    finally:
+        stream.close()
+
+
+class Batch(Protocol):
+    """Sequences over one model whose passes can share a pass (a llama.cpp context of several
+    slots): the scheduler hands it every pending ``Forward`` of its sequences in a round."""
+
+    def step(self, forwards: Sequence[Forward]) -> None:
+        """One pass over ``forwards`` (as many of their tokens as its row budget takes); each
+        one fed whole gets its ``scores``."""
+
+
 @runtime_checkable
 class LanguageModel(Protocol):
     """One sequence and its KV cache over a model's weights (batch size 1).
@@ -108,6 +207,10 @@ class LanguageModel(Protocol):
         measured costs (``draftwise.costs``)."""
 
     @property
+    def batch(self) -> Batch | None:
+        """What batches this sequence's passes with its forks'; None where each runs alone."""
+
+    @property
     def last_pass(self) -> PassInfo | None:
         """The pass that produced the last ``forward``'s scores, where it may have served
         other sequences too; None where every forward runs alone."""
@@ -126,19 +229,15 @@ class LanguageModel(Protocol):
     def reset(self) -> None:
         """Forget everything (an empty sequence)."""
 
-    def rest(self) -> None:
-        """The sequence's generation ended. Its cache stays: a next prompt that starts the same
-        way reuses it (``prefill``). A backend that batches sequences stops waiting for its
-        passes."""
-
     def fork(self) -> LanguageModel:
         """A new, empty sequence with a KV cache of its own over the same weights (no second
         load); its tokenizer may be used from another thread."""
 
 
-# Prompt tokens fed per forward while prefilling: a cancelled request stops between chunks.
-# The llamacpp backend decodes in pieces of this size anyway (its BATCH), so chunking there
-# changes no number.
+# Prompt tokens fed per forward while prefilling: a stream run alone stops between chunks
+# once cancelled (in rounds, a batched backend feeds fewer a pass anyway). The llamacpp
+# backend decodes in pieces of this size anyway (its BATCH), so chunking there changes no
+# number.
 PREFILL_CHUNK = 512
 
 
@@ -156,15 +255,15 @@ def cached_start(lm: LanguageModel, prompt: Sequence[int]) -> int:
     return common_prefix(lm.tokens, prompt[:-1])
 
 
-def prefill(lm: LanguageModel, prompt: Sequence[int], cancelled: Callable[[], bool] | None = None) -> None:
+def prefill(lm: LanguageModel, prompt: Sequence[int]) -> Passes[None]:
     """Start a new sequence: cache everything but the prompt's last token, which is fed with
     the first block (its scores are what the first step needs).
 
     What the cache already holds of the prompt's start is kept, not fed again: a server's
     slot keeps its last request's tokens, so a shared system prompt or the earlier turns of
     a chat cost nothing the second time. Call ``lm.reset()`` first for a prefill from
-    scratch. The rest is fed in chunks of ``PREFILL_CHUNK``; when ``cancelled()`` turns true
-    between two, the rest is left out (the caller, who asked, is abandoning the sequence).
+    scratch. The rest is fed in chunks of ``PREFILL_CHUNK``: whoever runs the passes may stop
+    between two (a cancelled request).
 
     Example: cached ``[5 8 2 9 4]``, prompt ``[5 8 2 7 1]``: keep ``[5 8 2]``, feed ``[7]``.
     """
@@ -173,9 +272,7 @@ def prefill(lm: LanguageModel, prompt: Sequence[int], cancelled: Callable[[], bo
     if keep < len(lm.tokens):
         lm.rollback(keep)
     for start in range(keep, len(body), PREFILL_CHUNK):
-        if cancelled is not None and cancelled():
-            return
-        lm.forward(body[start : start + PREFILL_CHUNK], last=1)
+        yield Forward(lm, body[start : start + PREFILL_CHUNK], last=1)
 
 
 def sync(lm: LanguageModel, context: Sequence[int]) -> list[int]:

@@ -40,7 +40,7 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, Sources
-from draftwise.lm import Tokenizer
+from draftwise.lm import Passes, Tokenizer, ready
 from draftwise.policies import Offer
 from draftwise.retokenize import TokenText, added_text, proposal_ids
 from draftwise.verify import Verdict
@@ -252,12 +252,12 @@ class PredictionDrafter:
             return (Offer(PREDICTION, limit=self.left, key=f"{PREDICTION}:found", cost_hint=0.0),)
         return (Offer(PREDICTION, limit=self.left, key=PREDICTION, cost_hint=0.0, grounded=True),)
 
-    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Passes[Proposal]:
         self._follow(context)
         if k <= 0 or not self.left or self.pos is None:
-            return EMPTY_PROPOSAL
+            return ready(EMPTY_PROPOSAL)
         block = (self.bridge + self.ids[self.pos : self.pos + k])[:k]
-        return Proposal(tokens=torch.tensor(block, dtype=torch.long), source=PREDICTION)
+        return ready(Proposal(tokens=torch.tensor(block, dtype=torch.long), source=PREDICTION))
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         """Nothing to do now: the next ``offers`` follows the committed tokens."""

@@ -8,7 +8,7 @@ functions from ``draftwise.verify``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,7 +16,7 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.drafters import Proposal
-from draftwise.lm import LanguageModel, PassInfo, prefill, sync
+from draftwise.lm import Forward, LanguageModel, Passes, PassInfo, prefill, sync
 from draftwise.verify import Verdict, verify
 
 
@@ -33,17 +33,13 @@ class Verification:
 class Target(Protocol):
     eos_token_ids: tuple[int, ...]
 
-    def start(
-        self,
-        prompt: Sequence[int],
-        config: GenerationConfig,
-        generator: torch.Generator | None,
-        cancelled: Callable[[], bool] | None = None,
-    ) -> None:
-        """Begin a new sequence (prefill everything but the last prompt token); a long prefill
-        may stop early once ``cancelled()`` is true (the sequence is then abandoned)."""
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> Passes[None]:
+        """Begin a new sequence (prefill everything but the last prompt token); whoever runs
+        the passes may stop between two (the sequence is then abandoned)."""
 
-    def verify(self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None) -> Verification:
+    def verify(
+        self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None
+    ) -> Passes[Verification]:
         """Score ``proposal`` after ``context`` in one pass and decide what to keep; ``mask``
         ``[k + 1, W]`` (an int32 bitmask, ``draftwise.verify.pack_bits``): the tokens allowed at
         each row (a grammar), None for all."""
@@ -62,24 +58,20 @@ class LocalTarget:
         self._config = GenerationConfig()
         self._generator: torch.Generator | None = None
 
-    def start(
-        self,
-        prompt: Sequence[int],
-        config: GenerationConfig,
-        generator: torch.Generator | None,
-        cancelled: Callable[[], bool] | None = None,
-    ) -> None:
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> Passes[None]:
         self._config = config
         self._generator = generator
-        prefill(self.lm, prompt, cancelled)
+        return prefill(self.lm, prompt)
 
-    def verify(self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None) -> Verification:
+    def verify(
+        self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None
+    ) -> Passes[Verification]:
         # The newest committed token is never in the cache yet: it is fed together with the
         # block, and row i of the scores judges proposal token i (row k gives the bonus).
         feed = sync(self.lm, context) + proposal.tokens.tolist()
         k = len(proposal)
         started = time.perf_counter()
-        logits = self.lm.forward(feed, last=k + 1)  # [k + 1, V]
+        logits = yield Forward(self.lm, feed, last=k + 1)  # [k + 1, V]
         info = self.lm.last_pass or PassInfo(len(feed), time.perf_counter() - started)
         s = self._config.sampling
         verdict, token_probs = verify(

@@ -1,12 +1,14 @@
-"""Workers that run generations off the event loop, with admission control.
+"""Slots that run generations off the event loop, with admission control.
 
 A ``LanguageModel`` holds one KV cache, so it serves one generation at a time. Each worker
-therefore gets forks of the loaded models (weights shared, caches separate) and runs
-``SpeculativeEngine.stream`` in a thread. Requests beyond the workers
-wait in a bounded queue; beyond that ``admit`` refuses them (the server answers 429).
+(a slot) therefore gets forks of the loaded models (weights shared, caches separate). A
+request takes the idle slot whose cache holds the longest start of its prompt, and its
+generation (``SpeculativeEngine.steps``) joins the server's one ``Scheduler``, which runs
+every slot's passes together in rounds. Requests beyond the slots wait in a bounded queue;
+beyond that ``admit`` refuses them (the server answers 429).
 
-A job's generation checks its cancel flag after every step, so a client that goes away or
-a request that runs out of time stops the work within one block.
+The scheduler asks a job's cancel flag at every round, so a client that goes away or a
+request that runs out of time stops the work within one pass.
 """
 
 from __future__ import annotations
@@ -16,19 +18,19 @@ import copy
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig
 from draftwise.drafters import Drafter, build_drafter, text_bridge
-from draftwise.engine import SpeculativeEngine, grammars_of
+from draftwise.engine import SpeculativeEngine, Steps, grammars_of
 from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
 from draftwise.grammar import Grammars
 from draftwise.lm import LanguageModel, Tokenizer, cached_start
 from draftwise.policies import CostProfile
+from draftwise.scheduler import Scheduler
 from draftwise.target import LocalTarget
 
 
@@ -60,21 +62,13 @@ def make_drafter(name: DrafterName, draft: LanguageModel | None, through: Tokeni
 class Worker:
     target: LanguageModel
     draft: LanguageModel | None
-    # What drafting costs here, learnt by every request this worker runs (see CostProfile).
+    # What drafting costs here, learnt by every request of every worker (see CostProfile):
+    # one profile for the server's slots, whose passes run together.
     profile: CostProfile = field(default_factory=CostProfile)
     # The target's tokenizer where the draft speaks another vocabulary (see text_bridge).
     through: Tokenizer | None = None
     # Compiles requests' grammars for the target's vocabulary (one for every worker).
     grammars: Grammars | None = None
-
-    def rest(self) -> None:
-        """The generation ended: a backend that batches sequences stops waiting for this
-        one's passes. The target keeps its cache, so the next request that starts the same
-        way (a system prompt, the earlier turns of a chat) skips that part of its prefill;
-        the draft model starts each request afresh anyway."""
-        self.target.rest()
-        if self.draft is not None:
-            self.draft.reset()
 
     def engine(self, drafter: DrafterName) -> SpeculativeEngine:
         return SpeculativeEngine(
@@ -97,22 +91,16 @@ def build_workers(
     """``count`` workers over the weights of ``target`` and ``draft``: forks, so the given
     models' own caches stay the caller's; with ``own``, the first worker takes the given
     models themselves (a model loaded with N slots then serves N workers, see ``load_pair``).
-    Each starts from its own copy of ``profile``."""
+    They share one copy of ``profile``."""
 
     def fork(lm: LanguageModel | None, i: int) -> LanguageModel | None:
         return lm if lm is None or (own and i == 0) else lm.fork()
 
     through = text_bridge(target.tokenizer, draft)  # forks share their models' tokenizers
     grammars = grammars_of(target)
+    shared = copy.deepcopy(profile) if profile is not None else CostProfile()
     return [
-        Worker(
-            cast(LanguageModel, fork(target, i)),
-            fork(draft, i),
-            copy.deepcopy(profile) if profile is not None else CostProfile(),
-            through,
-            grammars,
-        )
-        for i in range(count)
+        Worker(cast(LanguageModel, fork(target, i)), fork(draft, i), shared, through, grammars) for i in range(count)
     ]
 
 
@@ -141,15 +129,23 @@ _END = object()
 
 
 class WorkerPool:
-    def __init__(self, workers: Sequence[Worker], queue_size: int, timeout: float, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        workers: Sequence[Worker],
+        queue_size: int,
+        timeout: float,
+        metrics: ServerMetrics,
+        scheduler: Scheduler | None = None,
+    ) -> None:
         self.size = len(workers)
         self.queue_size = queue_size
         self.timeout = timeout
         self.metrics = metrics
-        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
-        for worker in workers:
-            self._idle.put_nowait(worker)
-        self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="draftwise-gen")
+        # The idle workers, and a count of them to wait on: a request takes the one whose cache
+        # holds the longest start of its prompt (``_take``), not the one idle longest.
+        self._idle: list[Worker] = list(workers)
+        self._free = asyncio.Semaphore(len(workers))
+        self.scheduler = scheduler if scheduler is not None else Scheduler().start()
         self._jobs: set[Job] = set()  # admitted and not done
         self.running = 0
 
@@ -183,14 +179,26 @@ class WorkerPool:
             self.metrics.generations.labels(reason).inc()
             self._update_gauges()
         elif job.state == "running":
-            job.cancel(reason)  # the worker stops after its current step and counts it
+            job.cancel(reason)  # the scheduler ends it at its next round and counts it
 
     def _release(self, job: Job, worker: Worker) -> None:
         job.state = "done"
         self._jobs.discard(job)
         self.running -= 1
-        self._idle.put_nowait(worker)
+        self._idle.append(worker)
+        self._free.release()
         self._update_gauges()
+
+    def _take(self, prompt: Sequence[int]) -> Worker:
+        """The idle worker whose target holds the longest start of ``prompt`` (a shared system
+        prompt, a chat's earlier turns); among equals, the one idle longest. Call only after
+        acquiring ``_free``.
+
+        Example: idle workers holding ``[5 8 2]`` and ``[5 8 3 1]``, prompt ``[5 8 3 9]``: the
+        second (3 tokens kept against 2).
+        """
+        best = max(range(len(self._idle)), key=lambda i: (cached_start(self._idle[i].target, prompt), -i))
+        return self._idle.pop(best)
 
     async def run(
         self,
@@ -200,37 +208,35 @@ class WorkerPool:
         drafter: DrafterName,
         cache_prompt: bool = True,
     ) -> AsyncIterator[StepEvent]:
-        """Wait for a worker, generate on it in a thread, and yield its step events. With
-        ``cache_prompt``, the worker keeps what its target still holds of the prompt's start."""
+        """Wait for a worker, generate on it in the scheduler's rounds, and yield its step
+        events. With ``cache_prompt``, the worker keeps what its target still holds of the
+        prompt's start."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout - (time.perf_counter() - job.arrived)
         try:
-            worker = await asyncio.wait_for(self._idle.get(), max(0.0, deadline - loop.time()))
+            await asyncio.wait_for(self._free.acquire(), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             job.close("timeout")
             raise GenerationTimeout(f"no worker became free within {self.timeout:g} s") from None
         if job.state != "queued":  # closed while it waited
-            self._idle.put_nowait(worker)
+            self._free.release()
             return
+        worker = self._take(prompt if cache_prompt else ())
         job.state = "running"
         self.running += 1
         self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
         self._update_gauges()
-
-        events: asyncio.Queue[Any] = asyncio.Queue()
-
-        def push(item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, item)
-            except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
-                pass
-
         if not cache_prompt:
             worker.target.reset()
         job.cached_tokens = cached_start(worker.target, prompt)
         self.metrics.cached_prompt_tokens.inc(job.cached_tokens)
-        future = loop.run_in_executor(self._executor, self._produce, job, worker, prompt, config, drafter, push)
-        future.add_done_callback(lambda _: self._release(job, worker))
+        events: asyncio.Queue[Any] = asyncio.Queue()
+        sink = _JobSink(job, self.metrics, loop, events.put_nowait, lambda: self._release(job, worker))
+        try:
+            self.scheduler.submit(_generation(worker, drafter, prompt, config), sink, job.cancel_flag.is_set)
+        except Exception:
+            self._release(job, worker)
+            raise
         try:
             while True:
                 try:
@@ -244,50 +250,64 @@ class WorkerPool:
                     raise item
                 yield item
         finally:
-            # Reached on normal completion too, where it changes nothing: the worker has
-            # already left its loop.
+            # Reached on normal completion too, where it changes nothing: the stream has
+            # already ended.
             job.cancel("disconnect")
 
-    def _produce(
-        self,
-        job: Job,
-        worker: Worker,
-        prompt: Sequence[int],
-        config: GenerationConfig,
-        drafter: DrafterName,
-        push: Callable[[Any], None],
-    ) -> None:
-        """Worker thread: run the engine's stream, hand each event to the event loop."""
-        metrics = self.metrics
-        stream = None
-        first = True
-        try:
-            # The cancel flag reaches into the prefill: a long prompt stops between chunks.
-            stream = worker.engine(drafter).stream(prompt, config, job.cancel_flag.is_set)
-            for event in stream:
-                metrics.observe_step(event, time.perf_counter() - job.arrived if first else None)
-                first = False
-                push(event)
-                if event.finished:
-                    metrics.generations.labels(event.finish_reason or "stop").inc()
-                    return
-                if job.cancel_flag.is_set():
-                    break
-            # Cancelled between steps, or during the prefill (then the stream had no event).
-            reason = job.cancel_reason or "disconnect"
-            metrics.cancelled.labels(reason).inc()
-            metrics.generations.labels(reason).inc()
-        except Exception as exc:  # handed to the consumer, which reports it to the client
-            metrics.generations.labels("error").inc()
-            push(exc)
-        finally:
-            if stream is not None:
-                stream.close()
-            worker.rest()
-            push(_END)
-
     def close(self) -> None:
-        """Stop every generation after its current step and wait for the threads."""
+        """Stop every generation after the round under way."""
         for job in list(self._jobs):
             job.cancel("shutdown")
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.scheduler.close()
+
+
+def _generation(worker: Worker, drafter: DrafterName, prompt: Sequence[int], config: GenerationConfig) -> Steps:
+    """A request's generation on ``worker``; set up in the rounds, where a failure to set it
+    up ends it as any failure of its run does."""
+    yield from worker.engine(drafter).steps(prompt, config)
+
+
+class _JobSink:
+    """A job's stream as the scheduler runs it: each event to the metrics and the event loop;
+    at the end, the count of how it ended and the worker back (on the event loop)."""
+
+    def __init__(
+        self,
+        job: Job,
+        metrics: ServerMetrics,
+        loop: asyncio.AbstractEventLoop,
+        put: Callable[[Any], None],
+        release: Callable[[], None],
+    ) -> None:
+        self.job, self.metrics, self.loop, self.put, self.release = job, metrics, loop, put, release
+        self.first = True
+        self.finished = False
+
+    def _push(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.put, item)
+        except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
+            pass
+
+    def event(self, item: Any) -> None:
+        event: StepEvent = item
+        self.metrics.observe_step(event, time.perf_counter() - self.job.arrived if self.first else None)
+        self.first = False
+        self.finished = event.finished
+        if event.finished:
+            self.metrics.generations.labels(event.finish_reason or "stop").inc()
+        self._push(event)
+
+    def end(self, result: Any, error: BaseException | None) -> None:
+        if error is not None:  # handed to the consumer, which reports it to the client
+            self.metrics.generations.labels("error").inc()
+            self._push(error)
+        elif not self.finished:  # cancelled between steps, or during the prefill
+            reason = self.job.cancel_reason or "disconnect"
+            self.metrics.cancelled.labels(reason).inc()
+            self.metrics.generations.labels(reason).inc()
+        self._push(_END)
+        try:
+            self.loop.call_soon_threadsafe(self.release)
+        except RuntimeError:
+            pass

@@ -117,6 +117,7 @@ class HFModel:
     """A transformers causal LM plus its KV cache, for a single sequence (batch size 1)."""
 
     last_pass = None  # every forward runs alone (see LanguageModel.last_pass)
+    batch = None  # (see LanguageModel.batch)
 
     backend = "hf"
 
@@ -181,9 +182,6 @@ class HFModel:
     def reset(self) -> None:
         self.cache.reset()
         self.tokens = []
-
-    def rest(self) -> None:
-        """Nothing to tell: this backend runs each sequence's passes alone."""
 
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], last: int | None = None) -> torch.Tensor:

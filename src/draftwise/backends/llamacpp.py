@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
-from draftwise.backends.llamacpp_batch import ROWS, Batcher, Decoder
+from draftwise.backends.llamacpp_batch import ROWS, Batcher, Decoder, Request
 from draftwise.config import ModelOptions
 from draftwise.errors import ContextLengthError, ModelLoadError
-from draftwise.lm import PassInfo
+from draftwise.lm import Forward, PassInfo
 from draftwise.registry import derived_path
 
 BATCH = 512  # tokens per llama_decode call of a single sequence; a longer prefill runs in pieces
@@ -179,8 +179,8 @@ class LlamaCppWeights:
 
 class LlamaCppModel:
     """One sequence (a slot of a llama.cpp context and its KV cache) over shared
-    ``LlamaCppWeights``. The context may hold other sequences too: their forward passes go
-    into one ``llama_decode`` (``draftwise.backends.llamacpp_batch``)."""
+    ``LlamaCppWeights``. The context may hold other sequences too: their forward passes can
+    go into one ``llama_decode`` (its ``batch``, ``draftwise.backends.llamacpp_batch``)."""
 
     backend = "llamacpp"
 
@@ -195,6 +195,10 @@ class LlamaCppModel:
         self.n_ctx = batcher.n_ctx
         self.last_pass: PassInfo | None = None
         self._free = weakref.finalize(self, batcher.release, seq)  # the slot goes back with the sequence
+
+    @property
+    def batch(self) -> Batcher:
+        return self.batcher
 
     @property
     def vocab_size(self) -> int:
@@ -229,11 +233,7 @@ class LlamaCppModel:
         return LlamaCppModel(Batcher(self.weights, self.n_ctx, 1, self.threads), 0)
 
     def reset(self) -> None:
-        self.tokens = []  # the cache is cut at the next pass's start (see Batcher.forward)
-        self.batcher.rest(self.seq)
-
-    def rest(self) -> None:
-        self.batcher.rest(self.seq)
+        self.tokens = []  # the cache is cut at the next pass's start (see Batcher.step)
 
     def rollback(self, length: int) -> None:
         if length < 0 or length > len(self.tokens):
@@ -242,8 +242,20 @@ class LlamaCppModel:
 
     def forward(self, tokens: Sequence[int], last: int | None = None) -> torch.Tensor:
         """Append ``tokens`` and return float32 scores ``[last or n, V]`` of the final positions
-        (a copy: the pass that made them may have served other sequences too)."""
-        n = len(tokens)
+        (a copy: the pass that made them may have served other sequences too). Run alone: its
+        own passes, one after the other."""
+        forward = Forward(self, tokens, last)
+        while not forward.done:
+            self.batcher.step([forward])
+        if forward.error is not None:
+            raise forward.error
+        assert forward.scores is not None
+        return forward.scores
+
+    def begin(self, forward: Forward) -> Request:
+        """The batcher's request for ``forward``: from this sequence's end (whatever it held
+        past that is cut before the first piece is fed)."""
+        n = len(forward.tokens)
         if n == 0:
             raise ValueError("forward needs at least one token")
         if len(self.tokens) + n > self.n_ctx:
@@ -251,12 +263,14 @@ class LlamaCppModel:
                 f"{len(self.tokens) + n} tokens do not fit in {self.name}'s context of {self.n_ctx} positions "
                 "(--context sets it, up to the model's own)"
             )
-        want = n if not last else min(last, n)
-        request = self.batcher.forward(self.seq, list(tokens), len(self.tokens), want)
-        scores = request.result()
+        want = n if not forward.last else min(forward.last, n)
+        return Request(self.seq, [int(t) for t in forward.tokens], len(self.tokens), want)
+
+    def end(self, request: Request) -> torch.Tensor:  # [want, V]
+        """``request`` was fed whole: the sequence holds its tokens; its scores."""
         self.last_pass = PassInfo(request.pass_rows, request.pass_seconds)
-        self.tokens.extend(int(t) for t in tokens)
-        return scores
+        self.tokens.extend(request.tokens)
+        return request.result()
 
 
 def _file_type_name(api: Any, file_type: int) -> str:

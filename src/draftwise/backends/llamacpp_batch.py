@@ -1,30 +1,22 @@
-"""Many sequences, one pass: a llama.cpp context that holds several sequences, and the thread
-that runs its passes.
+"""Many sequences, one pass: a llama.cpp context that holds several sequences.
 
-Every sequence (``draftwise.backends.llamacpp.LlamaCppModel``) hands its forward pass to the
-``Batcher`` of its context and waits. The batcher's thread gathers what all of them have
-pending into one ``llama_decode``: each row carries its sequence's ``seq_id``, its position
-and whether its scores are wanted, and each sequence gets back its own score rows. On this
-kind of CPU a pass over several rows costs little more than one (the quantized matrix
-kernels work on rows in groups), so four streams that each add a token cost about one pass,
-not four.
+Every sequence (``draftwise.backends.llamacpp.LlamaCppModel``) of a context asks for its
+passes as ``Forward`` values (``draftwise.lm``); the ``Batcher`` of the context runs the
+pending ones of every sequence as one ``llama_decode``: each row carries its sequence's
+``seq_id``, its position and whether its scores are wanted, and each sequence gets back its
+own score rows. On this kind of CPU a pass over several rows costs little more than one (the
+quantized matrix kernels work on rows in groups), so four streams that each add a token cost
+about one pass, not four. Who gathers the forwards is the caller's business: a server's
+scheduler hands the batcher every stream's pending pass once a round
+(``draftwise.scheduler``), a stream alone its own.
 
-Scheduling, in each round:
+In each pass (``Batcher.step``):
 
-1. Wait for a pending forward. Then wait a little (``GATHER_S``, or ``GATHER_SHARE`` of the
-   last pass if longer) for the sequences of the last two passes to come back with their
-   next one: a stream spends a few milliseconds between two passes checking its block, and a
-   pass without it would cost it a whole pass. (Two passes, not one: streams that once missed
-   a pass would otherwise settle into taking turns, each pass half full.) A sequence that was
-   reset has ended its generation and is not waited for. While another context's pass keeps
-   the decode thread at work (a draft model's passes, drafting the missing streams' blocks),
-   wait longer, up to ``ALIGN_PASSES`` of this context's last pass: the wait costs the cores
-   nothing, and the streams stay in step, so that every pass holds all of them.
-2. Take rows up to the row budget (``rows``): the smallest requests first, so that a long
+1. Take rows up to the row budget (``rows``): the smallest requests first, so that a long
    prompt never holds up the others' one-token steps; a prompt longer than what is left is
-   fed in pieces over several rounds, mixed with everybody's steps.
-3. One ``llama_decode``; copy each finished request's score rows out of llama.cpp's buffer
-   (the next pass overwrites it), and wake its sequence.
+   fed in pieces over several passes, mixed with everybody's steps.
+2. One ``llama_decode``; copy each finished request's score rows out of llama.cpp's buffer
+   (the next pass overwrites it).
 
 Rollback is bookkeeping: a request starts at its sequence's current length, and before it is
 fed the cache of that sequence is cut there (``llama_memory_seq_rm`` on its ``seq_id``),
@@ -45,14 +37,9 @@ import numpy as np
 import torch
 
 from draftwise.errors import ModelLoadError
+from draftwise.lm import Forward
 
 ROWS = 64  # most rows per pass: a long prompt goes in pieces, between the other streams' steps
-GATHER_S = 0.008  # wait for the recent passes' sequences to come back with their next pass...
-GATHER_SHARE = 0.25  # ... or this share of the last pass's time, if longer
-GATHER_MAX_S = 0.05
-ALIGN_PASSES = 2.0  # ... and while the decode thread runs another context's passes, this many of ours
-POLL_S = 0.002  # how often a gather looks whether the decode thread is still at work
-STOP_S = 60.0  # at most this long to wait for a closed context's last pass and its free
 
 
 class Decoder:
@@ -89,81 +76,28 @@ class Request:
     want: int
     fed: int = 0  # tokens already decoded (a long request goes in pieces)
     rows: list[torch.Tensor] = field(default_factory=list)
-    error: BaseException | None = None
     pass_rows: int = 0  # of the last pass that fed this request, over every sequence in it
     pass_seconds: float = 0.0
-    done: threading.Event = field(default_factory=threading.Event)
 
     @property
     def left(self) -> int:
         return len(self.tokens) - self.fed
 
     def result(self) -> torch.Tensor:  # [want, V]
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
         return self.rows[0] if len(self.rows) == 1 else torch.cat(self.rows)
 
 
 @dataclass
 class PassStats:
-    """What a context's passes have held so far (updated by its pass thread)."""
+    """What a context's passes have held so far."""
 
     passes: int = 0
     rows: int = 0  # tokens fed, over all passes
     sequences: int = 0  # sequences served, summed over passes
 
 
-class _Queue:
-    """Pending requests, shared by the sequences (producers) and the pass thread."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.pending: list[Request] = []
-        self.closed = False
-        self.resting: set[int] = set()  # sequences reset since their last request: not waited for
-
-    def put(self, request: Request) -> None:
-        with self.cond:
-            if self.closed:
-                raise RuntimeError("this llama.cpp context is closed")
-            self.pending.append(request)
-            self.resting.discard(request.seq)
-            self.cond.notify_all()
-
-    def rest(self, seq: int) -> None:
-        with self.cond:
-            self.resting.add(seq)
-            self.cond.notify_all()
-
-    def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
-
-    def gather(
-        self, members: set[int], gather_s: float, align_s: float, busy: Callable[[], bool]
-    ) -> list[Request] | None:
-        """The pending requests once the round may start (step 1); None once closed."""
-        with self.cond:
-            while not self.pending and not self.closed:
-                self.cond.wait()
-            started = time.monotonic()
-            while not self.closed and not members - self.resting <= {r.seq for r in self.pending}:
-                waited = time.monotonic() - started
-                if waited >= align_s or (waited >= gather_s and not busy()):
-                    break
-                self.cond.wait(min(POLL_S, align_s - waited) if waited >= gather_s else gather_s - waited)
-            return None if self.closed else list(self.pending)
-
-    def finish(self, requests: list[Request]) -> None:
-        with self.cond:
-            done = {id(r) for r in requests}
-            self.pending = [r for r in self.pending if id(r) not in done]
-
-
 class _Context:
-    """The llama.cpp context and its batch, owned by the pass thread (freed when it ends)."""
+    """The llama.cpp context and its batch (freed with the batcher that holds them)."""
 
     def __init__(self, weights: Any, n_ctx: int, slots: int, threads: int, rows: int) -> None:
         api = weights.api
@@ -207,7 +141,7 @@ class _Context:
         self.api.llama_free(self.ctx)
 
     def run(self, pending: list[Request]) -> set[int]:
-        """One round's pass (steps 2 and 3); returns the sequences it served."""
+        """One pass (steps 1 and 2); returns the sequences it served."""
         plan = _plan(pending, self.rows)
         n = 0
         outputs: list[tuple[Request, int]] = []  # (request, score rows it gets from this pass)
@@ -262,87 +196,62 @@ def _plan(pending: list[Request], budget: int) -> list[tuple[Request, int]]:
     return plan
 
 
-def _serve(queue: _Queue, context: _Context, stats: PassStats) -> None:
-    """The pass thread: rounds until the batcher is gone, then free the context."""
-    recent: list[set[int]] = [set(), set()]  # the sequences of the last two passes
-    wait_s, align_s = GATHER_S, GATHER_S
-    try:
-        while (pending := queue.gather(recent[0] | recent[1], wait_s, align_s, context.decoder.busy)) is not None:
-            fed = sum(r.fed for r in pending)
-            started = time.perf_counter()
-            try:
-                recent = [recent[1], context.run(pending)]
-            except Exception as exc:  # a failed pass fails the requests in it, not the thread
-                for request in pending:
-                    request.error = exc
-                recent = [set(), set()]
-            seconds = time.perf_counter() - started
-            wait_s = min(GATHER_MAX_S, max(GATHER_S, GATHER_SHARE * seconds))
-            align_s = max(wait_s, ALIGN_PASSES * seconds)
-            stats.passes += 1
-            stats.rows += sum(r.fed for r in pending) - fed
-            stats.sequences += len(recent[1])
-            done = [r for r in pending if r.error is not None or r.left == 0]
-            queue.finish(done)
-            for request in done:
-                request.done.set()
-    finally:
-        context.free()
-
-
-def _stop(queue: _Queue, thread: threading.Thread) -> None:
-    """Close the queue, and wait until the pass thread has freed the context. At exit this runs
-    before the weights' own finalizer frees the model the context uses, and before the
-    interpreter finalizes: llama_free logs through draftwise's Python callback, and a daemon
-    thread that calls back into a finalizing interpreter is ended inside llama.cpp's
-    destructor, which aborts the whole process."""
-    queue.close()
-    if thread is not threading.current_thread():
-        thread.join(timeout=STOP_S)
-
-
 class Batcher:
     """A llama.cpp context of ``slots`` sequences of ``n_ctx`` positions each, over shared
-    weights, with its pass thread. Sequences ``claim`` a slot and ``release`` it."""
+    weights. Sequences ``claim`` a slot and ``release`` it; ``step`` runs one pass over their
+    pending forwards (one caller at a time: a lock keeps the batch buffer whole)."""
 
     def __init__(self, weights: Any, n_ctx: int, slots: int, threads: int, rows: int = ROWS) -> None:
         context = _Context(weights, n_ctx, slots, threads, rows)
+        self._context = context
         self.weights = weights
         self.slots = slots
         self.threads = threads
         self.n_ctx = context.n_ctx
         self._free = list(range(slots - 1, -1, -1))
-        self._lock = threading.Lock()
-        self._queue = _Queue()
+        # Two locks: a sequence dropped during a pass (its finalizer) gives its slot back.
+        self._slots = threading.Lock()
+        self._pass = threading.Lock()
         self.stats = PassStats()
-        thread = threading.Thread(
-            target=_serve, args=(self._queue, context, self.stats), name="draftwise-llamacpp", daemon=True
-        )
-        thread.start()
-        # The thread holds the context and the queue, never this object: once no sequence
-        # holds the batcher (or the process exits), the queue closes and the thread frees the
-        # context.
-        weakref.finalize(self, _stop, self._queue, thread)
+        # The context is freed with the batcher (at exit, before the weights it uses: finalizers
+        # run newest first).
+        weakref.finalize(self, context.free)
 
     def claim(self) -> int | None:
         """A free sequence id, or None when every slot is taken."""
-        with self._lock:
+        with self._slots:
             return self._free.pop() if self._free else None
 
     def release(self, seq: int) -> None:
-        self._queue.rest(seq)
-        with self._lock:
+        with self._slots:
             self._free.append(seq)
 
-    def rest(self, seq: int) -> None:
-        """Sequence ``seq`` ended its generation: passes no longer wait for it."""
-        self._queue.rest(seq)
-
-    def forward(self, seq: int, tokens: Sequence[int], start: int, want: int) -> Request:
-        """Feed ``tokens`` to sequence ``seq`` from position ``start`` (its cache is cut there
-        first); the finished request: ``result()`` holds scores ``[want, V]`` of the last
-        ``want`` positions."""
-        request = Request(seq, tokens, start, want)
-        self._queue.put(request)
-        request.done.wait()
-        return request
+    def step(self, forwards: Sequence[Forward]) -> None:
+        """One pass over ``forwards`` of this context's sequences (``LlamaCppModel``): each
+        one fed whole gets its ``scores``; one its sequence refused (a full context), or in a
+        pass that failed, gets its ``error``."""
+        with self._pass:
+            live: list[tuple[Forward, Request]] = []
+            for forward in forwards:
+                try:
+                    if forward.state is None:
+                        forward.state = forward.lm.begin(forward)  # type: ignore[attr-defined]
+                    live.append((forward, forward.state))
+                except Exception as exc:  # this sequence's fault: the others' pass goes on
+                    forward.error = exc
+            if not live:
+                return
+            pending = [request for _, request in live]
+            fed = sum(r.fed for r in pending)
+            try:
+                served = self._context.run(pending)
+            except Exception as exc:  # a failed pass fails the requests in it
+                for forward, _ in live:
+                    forward.error = exc
+                return
+            self.stats.passes += 1
+            self.stats.rows += sum(r.fed for r in pending) - fed
+            self.stats.sequences += len(served)
+            for forward, request in live:
+                if request.left == 0:
+                    forward.scores = forward.lm.end(request)  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ it is back, the run carries on in a new session holding the whole context, lossl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +22,7 @@ import torch
 from draftwise.config import GenerationConfig
 from draftwise.drafters import Proposal
 from draftwise.errors import ConfigError, ContextLengthError
+from draftwise.lm import Passes
 from draftwise.remote.protocol import (
     OpenSession,
     ProtocolError,
@@ -65,16 +66,12 @@ class RemoteTarget:
     routing_retries = property(lambda self: self.connection.routing_retries)
     reopens = property(lambda self: self.session.reopens)
 
-    def start(
-        self,
-        prompt: Sequence[int],
-        config: GenerationConfig,
-        generator: torch.Generator | None,
-        cancelled: Callable[[], bool] | None = None,
-    ) -> None:
+    def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> Passes[None]:
+        # The passes run on the verifier: one HTTP request each, made here (no local pass).
+        yield from ()
         if config.grammar is not None:
             raise ConfigError("a grammar (structured output) does not yet travel to a remote verifier")
-        # The prefill is one request to the server: ``cancelled`` is asked after it, by the engine.
+        # The prefill is one request to the server.
         # The server seeds its own target stream from config.sampling.seed exactly as the
         # local engine seeds the generator it passes here, so that object is not needed.
         self.session.sampling = config.sampling
@@ -111,7 +108,10 @@ class RemoteTarget:
         # Verifying fewer draft tokens is always valid: the rest are simply not offered.
         return Proposal(proposal.tokens[:room], None if proposal.probs is None else proposal.probs[:room])
 
-    def verify(self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None) -> Verification:
+    def verify(
+        self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None
+    ) -> Passes[Verification]:
+        yield from ()  # one request to the verifier (see start)
         if mask is not None:
             raise RemoteVerifierError("a remote verifier takes no mask")
         if self.session.id is None:

@@ -3,8 +3,9 @@
 Each session is a ``LocalTarget`` over the one loaded model (the weights are shared, each
 session has its own cache), seeded exactly as the local engine seeds its target, so a
 remote run makes the same decisions as a local one: the verification code is the local code.
-On llama.cpp the first ``slots`` sessions are sequences of one context, and the verify
-passes of sessions served at the same time go into one ``llama_decode``.
+On llama.cpp the first ``slots`` sessions are sequences of one context. Every session's
+prefill and verify pass runs in the service's ``Scheduler``: the passes of sessions served at
+the same time go into one ``llama_decode`` per round.
 
 Built by ``create_app(settings, lm)`` over a loaded target; all state lives in the app it returns.
 """
@@ -16,6 +17,7 @@ import json
 import secrets
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -53,6 +55,7 @@ from draftwise.remote.protocol import (
     tokenizer_fingerprint,
 )
 from draftwise.remote.settings import VerifierSettings
+from draftwise.scheduler import Scheduler
 from draftwise.target import LocalTarget
 from draftwise.web import BodyLimit, bearer_guard, drop_framework_422, error_responses, malformed_json
 
@@ -79,7 +82,7 @@ class _Session:
     context: list[int]  # committed tokens, as the client's engine holds them
     last_used: float
     verified: bool = False  # has served a verify since it was opened
-    # One verify at a time per session; sessions run theirs side by side (their passes merge).
+    # One verify at a time per session; sessions run theirs side by side (their passes share rounds).
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -88,7 +91,8 @@ class VerifierService:
 
     One lock guards the session table, and each session has a lock of its own: a session is
     never verified twice at once, and different sessions verify concurrently, their passes
-    batched by the backend (a CPU runs one pass over many rows well, not several passes).
+    batched in the scheduler's rounds (a CPU runs one pass over many rows well, not several
+    passes).
     """
 
     def __init__(self, settings: VerifierSettings, lm: LanguageModel) -> None:
@@ -102,6 +106,8 @@ class VerifierService:
         self._lock = threading.Lock()
         self.hits = 0  # verifies that found their session here
         self.misses = 0  # verifies for a session not held here (its client re-opens it)
+        self.scheduler = Scheduler(name="draftwise-verifier").start()
+        weakref.finalize(self, self.scheduler.close)
 
     @property
     def session_count(self) -> int:
@@ -152,7 +158,7 @@ class VerifierService:
         # The prefill runs outside the table's lock: other sessions verify meanwhile.
         started = time.perf_counter()
         target_generator, _ = seeded_generators(request.sampling.seed)
-        target.start(prompt, GenerationConfig(sampling=request.sampling), target_generator)
+        self.scheduler.run(target.start(prompt, GenerationConfig(sampling=request.sampling), target_generator))
         prefill_seconds = time.perf_counter() - started
         session_id = secrets.token_urlsafe(12)
         with self._lock:
@@ -229,7 +235,7 @@ class VerifierService:
                 tokens=torch.from_numpy(request.tokens.astype(np.int64)),
                 probs=None if session.sampling.greedy else self._draft_probs(request),
             )
-            check = session.target.verify(context, proposal)
+            check = self.scheduler.run(session.target.verify(context, proposal))
             verdict = check.verdict
             session.context = context + request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
             session.verified = True
