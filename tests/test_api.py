@@ -731,3 +731,21 @@ def test_two_calls_in_one_step_stream_under_their_own_index():
     content, deltas = transcript.stream_pieces(first + second)
     assert content == "" and [d.index for d in deltas] == [0, 0, 1, 1]
     assert [d.function.name for d in deltas if d.id] == ["a", "b"]
+
+
+def test_a_request_takes_the_slot_that_holds_its_prompt(tiny_target):
+    """Four slots, one prompt sent three times and another between: each repeat goes to the
+    slot that answered it before and prefills only its last token, where taking the slot idle
+    longest would have prefilled it whole each time."""
+
+    def ask(client, text):
+        return client.completions.create(model=MODEL, prompt=text, max_tokens=2, temperature=0).usage
+
+    prompt = "The lighthouse keeper wrote in his log every night, " * 3
+    for url in _serve(tiny_target, slots=4):
+        client = _client(url)
+        first = ask(client, prompt)
+        other = ask(client, "Something else entirely, " * 3)
+        again = [ask(client, prompt) for _ in range(2)]
+        assert first.prompt_tokens_details.cached_tokens == 0 == other.prompt_tokens_details.cached_tokens
+        assert [u.prompt_tokens_details.cached_tokens for u in again] == [first.prompt_tokens - 1] * 2

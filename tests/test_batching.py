@@ -139,7 +139,8 @@ def test_a_long_prompt_is_fed_in_pieces_between_the_others_steps(alone, shared):
     scheduler = Scheduler()
     rows, passes = shared.batcher.stats.rows, shared.batcher.stats.passes
     _, (scores,) = run_together([_steps_of(short, 8), _wrap(_prompt_of(long, long_ids))], scheduler)
-    # 300 rows of prompt at 63 a pass beside the short stream's step: 5 passes, each with a step.
+    # The prompt goes in pieces of what the row budget leaves beside the short stream's step;
+    # every pass holds a step of the short stream, and the short one never waits a round.
     assert shared.batcher.stats.passes - passes == scheduler.stats.rounds - 1 == 8
     assert shared.batcher.stats.rows - rows == 300 + 8
     assert scores.shape == (2, alone.vocab_size)

@@ -121,14 +121,19 @@ def drive(passes: Passes[T]) -> T:
     try:
         request = next(passes)
         while True:
-            try:
-                scores = request.run()
-            except Exception as exc:
-                request = passes.throw(exc)
-            else:
-                request = passes.send(scores)
+            request = _answer(passes, request)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+def _answer(stream: Generator[Any, torch.Tensor, Any], request: Forward) -> Any:
+    """Run ``request`` alone and send ``stream`` its scores, or throw in why it failed;
+    what ``stream`` yields next."""
+    try:
+        scores = request.run()
+    except Exception as exc:
+        return stream.throw(exc)
+    return stream.send(scores)
 
 
 E = TypeVar("E")
@@ -149,12 +154,7 @@ def run_alone(
             elif cancelled is not None and cancelled():
                 return
             else:
-                try:
-                    scores = item.run()
-                except Exception as exc:
-                    item = stream.throw(exc)
-                else:
-                    item = stream.send(scores)
+                item = _answer(stream, item)
     except StopIteration:
         return
     finally:
