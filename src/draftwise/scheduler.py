@@ -72,7 +72,6 @@ class RoundStats:
 
     rounds: int = 0
     passes: int = 0  # batched passes (and passes run alone), over every model
-    forwards: int = 0  # the streams' passes they held, summed
 
 
 @dataclass(eq=False)
@@ -124,26 +123,29 @@ class Scheduler:
 
     def _loop(self) -> None:
         try:
-            while self._admit(wait=True):
+            while self._wait():
                 self.round()
         finally:
             for task in self._tasks + self._inbox:
                 _close(task)
             self._tasks, self._inbox = [], []
 
-    def _admit(self, wait: bool) -> bool:
-        """Step 1: take the streams submitted since; with ``wait``, sleep while there is
-        nothing to run. False once closed."""
+    def _wait(self) -> bool:
+        """Sleep while there is nothing to run; False once closed."""
         with self._cond:
-            while wait and not self._closed and not self._tasks and not self._inbox:
+            while not self._closed and not self._tasks and not self._inbox:
                 self._cond.wait()
+            return not self._closed
+
+    def _admit(self) -> None:
+        """Step 1: take the streams submitted since the last round."""
+        with self._cond:
             self._tasks.extend(self._inbox)
             self._inbox.clear()
-            return not self._closed
 
     def round(self) -> None:
         """One round: admit, advance every stream to its next pass, run the passes."""
-        self._admit(wait=False)
+        self._admit()
         self._tasks = [task for task in self._tasks if _advance(task)]  # step 2
         groups: dict[int, tuple[Batch | None, list[Forward]]] = {}
         for task in self._tasks:
@@ -153,7 +155,6 @@ class Scheduler:
         for batch, forwards in groups.values():  # step 3
             _step(batch, forwards)
             self.stats.passes += 1
-            self.stats.forwards += len(forwards)
         self.stats.rounds += 1
 
 

@@ -129,14 +129,7 @@ _END = object()
 
 
 class WorkerPool:
-    def __init__(
-        self,
-        workers: Sequence[Worker],
-        queue_size: int,
-        timeout: float,
-        metrics: ServerMetrics,
-        scheduler: Scheduler | None = None,
-    ) -> None:
+    def __init__(self, workers: Sequence[Worker], queue_size: int, timeout: float, metrics: ServerMetrics) -> None:
         self.size = len(workers)
         self.queue_size = queue_size
         self.timeout = timeout
@@ -145,7 +138,7 @@ class WorkerPool:
         # holds the longest start of its prompt (``_take``), not the one idle longest.
         self._idle: list[Worker] = list(workers)
         self._free = asyncio.Semaphore(len(workers))
-        self.scheduler = scheduler if scheduler is not None else Scheduler().start()
+        self.scheduler = Scheduler().start()
         self._jobs: set[Job] = set()  # admitted and not done
         self.running = 0
 
@@ -283,9 +276,10 @@ class _JobSink:
         self.first = True
         self.finished = False
 
-    def _push(self, item: Any) -> None:
+    def _soon(self, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(*args)`` on the event loop."""
         try:
-            self.loop.call_soon_threadsafe(self.put, item)
+            self.loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
             pass
 
@@ -296,18 +290,15 @@ class _JobSink:
         self.finished = event.finished
         if event.finished:
             self.metrics.generations.labels(event.finish_reason or "stop").inc()
-        self._push(event)
+        self._soon(self.put, event)
 
     def end(self, result: Any, error: BaseException | None) -> None:
         if error is not None:  # handed to the consumer, which reports it to the client
             self.metrics.generations.labels("error").inc()
-            self._push(error)
+            self._soon(self.put, error)
         elif not self.finished:  # cancelled between steps, or during the prefill
             reason = self.job.cancel_reason or "disconnect"
             self.metrics.cancelled.labels(reason).inc()
             self.metrics.generations.labels(reason).inc()
-        self._push(_END)
-        try:
-            self.loop.call_soon_threadsafe(self.release)
-        except RuntimeError:
-            pass
+        self._soon(self.put, _END)
+        self._soon(self.release)

@@ -47,27 +47,16 @@ ROWS = 256
 
 
 class Decoder:
-    """The one thread that runs every ``llama_decode`` of the process, and whether it is at
-    work. ggml's CPU kernels run on an OpenMP team per calling thread; two threads taking
-    turns (a target's passes and its draft's) keep two teams that compete for the cores, and
-    passes ran up to twice as slow so. One caller keeps one team."""
+    """The one thread that runs every ``llama_decode`` of the process. ggml's CPU kernels run
+    on an OpenMP team per calling thread; two threads taking turns (a target's passes and its
+    draft's) keep two teams that compete for the cores, and passes ran up to twice as slow
+    so. One caller keeps one team."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-ggml")
-        self._lock = threading.Lock()
-        self._queued = 0  # calls submitted and not yet returned
-
-    def busy(self) -> bool:
-        return self._queued > 0
 
     def run(self, fn: Callable[..., int], *args: Any) -> int:
-        with self._lock:
-            self._queued += 1
-        try:
-            return self._pool.submit(fn, *args).result()
-        finally:
-            with self._lock:
-                self._queued -= 1
+        return self._pool.submit(fn, *args).result()
 
 
 @dataclass(eq=False)
