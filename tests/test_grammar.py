@@ -171,6 +171,33 @@ def test_masks_past_a_refused_token_allow_nothing_and_leave_the_grammar_whole(gr
     assert constraint.forced() == [d]
 
 
+def test_a_grammar_is_compiled_once_and_each_stream_gets_its_own_state(tiny_target, monkeypatch):
+    import llguidance
+
+    built = []
+    matcher = llguidance.LLMatcher
+
+    class Counting:  # llguidance's matcher, counting the grammars compiled
+        def __call__(self, *args, **kwargs):
+            built.append(args[1])
+            return matcher(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(matcher, name)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", Counting())
+    grammars = grammars_of(tiny_target)  # a fresh table: nothing compiled yet
+    a, b, c, d = (ids(tiny_target.tokenizer, ch)[0] for ch in "abcd")
+    grammars.check(regex("a(b|c)d"))  # the request's check compiles it
+    first, second = grammars.constraint(regex("a(b|c)d")), grammars.constraint(regex("a(b|c)d"))
+    grammars.check(regex("a(b|c)d"))
+    assert len(built) == 1
+    first.commit([a, b])  # one stream's progress is not the other's
+    assert first.forced() == [d] and second.forced() == [a]
+    grammars.constraint(regex("x"))
+    assert len(built) == 2
+
+
 def test_json_is_written_compactly_with_spaces_after_separators(grammars, tiny_target):
     # The layout that leaves the model no choice of white space: the keys come forced.
     constraint = grammars.constraint(

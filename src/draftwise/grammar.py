@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ GRAMMAR = "grammar"
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_JSON_OBJECT = {"type": "object"}
 MAX_GRAMMAR_BYTES = 1 << 20  # a grammar or schema larger than this is refused before compiling
+COMPILED_KEPT = 64  # compiled grammars a server keeps for the requests that repeat them
 CONTROL_MARK = b"\xff"  # llguidance's mark on a token that is markup, never text
 
 
@@ -247,6 +249,10 @@ class Grammars:
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self._vocabulary: Any = None
         self._lock = threading.Lock()
+        # Compiled grammars by their text, each a matcher never advanced: a stream gets a copy.
+        # An agent sends the same tools or schema with every request, so each is compiled once
+        # (the request's check compiles it, its stream copies it), not once per request.
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
 
     def vocabulary(self) -> Any:
         with self._lock:
@@ -259,20 +265,33 @@ class Grammars:
                 self._vocabulary = llguidance.LLTokenizer(wrapper, eos_token=self.eos_token_ids or None)
             return self._vocabulary
 
-    def check(self, spec: GrammarSpec) -> str:
-        """The compiled grammar of ``spec``, or ``GrammarError`` saying what is wrong."""
+    def check(self, spec: GrammarSpec) -> None:
+        """Compile ``spec`` (once: see ``_compiled``), or raise ``GrammarError`` saying what is wrong."""
+        self._matcher(spec)
+
+    def _matcher(self, spec: GrammarSpec) -> Any:
+        """The compiled, never advanced matcher of ``spec``'s grammar."""
         grammar = grammar_text(spec)
-        is_error, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(grammar, self.vocabulary())
-        if is_error:
-            raise GrammarError(f"invalid {KIND_NAMES[spec.kind]}: {_one_line(messages[0])}")
-        return grammar
+        vocabulary = self.vocabulary()
+        with self._lock:
+            matcher = self._compiled.get(grammar)
+            if matcher is not None:
+                self._compiled.move_to_end(grammar)
+                return matcher
+        matcher = _llguidance().LLMatcher(vocabulary, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"invalid {KIND_NAMES[spec.kind]}: {_one_line(matcher.get_error())}")
+        with self._lock:
+            self._compiled[grammar] = matcher
+            while len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
+        return matcher
 
     def constraint(self, spec: GrammarSpec) -> Constraint | Triggered:
         """A fresh matcher of ``spec`` for one stream (waiting for its trigger, if it has one)."""
-        grammar = self.check(spec)
-        matcher = _llguidance().LLMatcher(self.vocabulary(), grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"invalid {KIND_NAMES[spec.kind]}: {_one_line(matcher.get_error())}")
+        compiled = self._matcher(spec)
+        with self._lock:  # copied by one thread at a time, as the table is read
+            matcher = compiled.deep_copy()
         constraint = Constraint(matcher, self.vocab_size)
         if spec.trigger is None:
             return constraint
