@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
-from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.config import DraftConfig, GenerationConfig, GrammarSpec, SamplingConfig
 from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal
-from draftwise.engine import SpeculativeEngine
+from draftwise.engine import SpeculativeEngine, autoregressive
+from draftwise.grammar import GRAMMAR
 from draftwise.lm import drive
 from draftwise.remote.client import RemoteTarget, RemoteVerifierError, connect
 from draftwise.remote.protocol import decode_verify_response, encode_verify_request, tokenizer_fingerprint
@@ -565,3 +566,94 @@ def test_generate_cli_reports_a_verifier_refusal_after_printing_what_it_has(targ
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "stopped early" in result.stderr and "over the verifier's limit of 1" in result.stderr
     assert json.loads(result.stdout)["metrics"]["finish_reason"] == "error"
+
+
+# --- structured output: the grammar travels with the session -------------------------------------
+
+# A bounded record: every answer a model can give under it ends within a few dozen tokens.
+RECORD = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6}, "tag": {"enum": ["red", "green", "blue"]}},
+    "required": ["name", "tag"],
+    "additionalProperties": False,
+}
+RECORD_SPEC = GrammarSpec(kind="json_schema", text=json.dumps(RECORD))
+RECORD_PROMPT = "Give me a record: "
+
+
+def _remote_engine(remote: RemoteTarget, drafter, tokenizer) -> SpeculativeEngine:
+    return SpeculativeEngine(remote, drafter, tokenizer=tokenizer, grammars=remote.grammars(tokenizer))
+
+
+@pytest.mark.parametrize("ngram", [False, True])
+def test_a_grammar_travels_with_the_session_and_gives_constrained_decoding(url, target_lm, tiny_near_draft, ngram):
+    config = GenerationConfig(max_new_tokens=60, grammar=RECORD_SPEC, draft=FIXED)
+    plain = autoregressive(target_lm).generate(RECORD_PROMPT, config)
+    with connect(url, tokenizer=target_lm.tokenizer) as remote:
+        drafter = NGramDrafter() if ngram else ModelDrafter(tiny_near_draft)
+        result = _remote_engine(remote, drafter, target_lm.tokenizer).generate(RECORD_PROMPT, config)
+    assert result.tokens == plain.tokens and plain.metrics.finish_reason == "eos"
+    assert json.loads(result.text.removesuffix("<|eos|>"))["tag"] in ("red", "green", "blue")
+    assert result.metrics.proposed_by_source.get(GRAMMAR, 0) > 0  # the keys drafted from the grammar
+
+
+def test_the_verifier_masks_every_row_with_the_sessions_grammar(target_lm):
+    a, b, c, d = (target_lm.tokenizer.encode(ch, add_special_tokens=False)[0] for ch in "abcd")
+    # A grammar's text has commas of its own: they do not count against the prompt's room.
+    pattern = "(" * 40 + "a" + "){1,1}" * 40 + "(b|c)d"  # "a(b|c)d", with 40 commas
+    with _server(target_lm, max_context=16) as base, httpx.Client(base_url=base) as http:
+        opened = http.post("/v1/sessions", json={"prompt": [1, 2, 3], "grammar": {"kind": "regex", "text": pattern}})
+        assert opened.status_code == 201, opened.text
+        session = opened.json()["session_id"]
+
+        def verify(tokens, keep, append=()):
+            response = _verify(http, session, tokens=tokens, keep=keep, append=append)
+            assert response.status_code == 200, response.text
+            return decode_verify_response(response.content, len(tokens))
+
+        assert verify((), keep=3).next_token == a  # the only token the grammar allows first
+        refused = verify((d,), keep=4)  # d is not allowed after a: refused, corrected to b or c
+        assert refused.n_accepted == 0 and refused.next_token in (b, c)
+        again = verify((), keep=4, append=(c,))  # the client rewrote the answer: walked again
+        assert again.next_token == d
+        assert verify((), keep=6).next_token in target_lm.eos_token_ids  # complete: only the end
+        rewrite = _verify(http, session, tokens=(), keep=2, append=(5,))  # another prompt
+        assert rewrite.status_code == 409 and "keeps its prompt" in rewrite.json()["detail"]
+
+
+def test_a_session_reopened_mid_answer_follows_its_grammar_from_the_answers_start(target_lm, tiny_near_draft):
+    config = GenerationConfig(max_new_tokens=60, grammar=RECORD_SPEC, draft=FIXED)
+    expected = autoregressive(target_lm).generate(RECORD_PROMPT, config).tokens
+    with _server(target_lm, max_sessions=1) as base, connect(base) as remote:
+        engine = _remote_engine(remote, ModelDrafter(tiny_near_draft), target_lm.tokenizer)
+        stream = engine.stream(RECORD_PROMPT, config)
+        tokens = list(next(stream).tokens) + list(next(stream).tokens)
+        with httpx.Client(base_url=base) as http:
+            _open(http)  # takes the only slot: the run's session is evicted
+        tokens += [t for event in stream for t in event.tokens]
+        assert remote.reopens == 1
+    assert tokens == expected
+
+
+def test_a_bad_grammar_is_refused_when_the_session_opens(http, url):
+    bad = {"prompt": [1, 2], "grammar": {"kind": "json_schema", "text": '{"type": "strin"}'}}
+    response = http.post("/v1/sessions", json=bad)
+    assert response.status_code == 422 and "invalid JSON schema" in response.json()["detail"]
+    assert "\n" not in response.json()["detail"]
+    with RemoteTarget(url) as remote, pytest.raises(RemoteVerifierError, match="invalid JSON schema"):
+        config = GenerationConfig(grammar=GrammarSpec(kind="json_schema", text='{"type": "strin"}'))
+        drive(remote.start([1, 2], config, None))
+
+
+def test_generate_cli_follows_a_json_schema_through_a_remote_verifier(url, target_lm, tmp_path):
+    config = GenerationConfig(max_new_tokens=60, grammar=RECORD_SPEC)
+    expected = autoregressive(target_lm).generate(RECORD_PROMPT, config).tokens
+    schema_file = tmp_path / "record.json"
+    schema_file.write_text(json.dumps(RECORD))
+    flags = ["--draft", "tiny:1", "--verifier", url, "--max-new-tokens", "60", "--json-schema", str(schema_file)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*DRAFTWISE, "generate", *flags, "--json", RECORD_PROMPT], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["tokens"] == expected

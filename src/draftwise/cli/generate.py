@@ -272,7 +272,9 @@ def _engine(loaded: _Models, drafter: DrafterKind, remote: RemoteTarget | None) 
 
     drafting = build_drafter(drafter, loaded.draft, text_bridge(loaded.tokenizer, loaded.draft))
     if remote is not None:
-        return SpeculativeEngine(remote, drafting, tokenizer=loaded.tokenizer)
+        return SpeculativeEngine(
+            remote, drafting, tokenizer=loaded.tokenizer, grammars=remote.grammars(loaded.tokenizer)
+        )
     assert loaded.target is not None  # without a verifier, _load loaded the target here
     return SpeculativeEngine.from_models(loaded.target, drafting, loaded.profile)
 

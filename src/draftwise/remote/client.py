@@ -21,7 +21,8 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.drafters import Proposal
-from draftwise.errors import ConfigError, ContextLengthError
+from draftwise.errors import ContextLengthError
+from draftwise.grammar import Grammars
 from draftwise.lm import Passes
 from draftwise.remote.protocol import (
     OpenSession,
@@ -69,13 +70,13 @@ class RemoteTarget:
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> Passes[None]:
         # The passes run on the verifier: one HTTP request each, made here (no local pass).
         yield from ()
-        if config.grammar is not None:
-            raise ConfigError("a grammar (structured output) does not yet travel to a remote verifier")
         # The prefill is one request to the server.
         # The server seeds its own target stream from config.sampling.seed exactly as the
         # local engine seeds the generator it passes here, so that object is not needed.
+        # The grammar travels with the session (opened again with it, mid-answer, if need be).
         self.session.sampling = config.sampling
-        self.session.open(OpenSession(prompt=list(prompt), sampling=config.sampling))
+        self.session.grammar, self.session.answer_start = config.grammar, len(prompt)
+        self.session.open(OpenSession(prompt=list(prompt), sampling=config.sampling, grammar=config.grammar))
 
     def _sparse_q(self, proposal: Proposal) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The non-zero entries of q per position ([k, n] ids and probs), or (None, None)."""
@@ -112,8 +113,11 @@ class RemoteTarget:
         self, context: Sequence[int], proposal: Proposal, mask: torch.Tensor | None = None
     ) -> Passes[Verification]:
         yield from ()  # one request to the verifier (see start)
-        if mask is not None:
-            raise RemoteVerifierError("a remote verifier takes no mask")
+        # ``mask`` is the run's grammar's: the session holds the same grammar, compiled for the
+        # same vocabulary (the fingerprint says so) and walked through the same tokens, and the
+        # verifier masks the rows itself, so it is not sent.
+        if mask is not None and self.session.grammar is None:
+            raise RemoteVerifierError("a mask needs the run's grammar on the verifier: start the run with it")
         if self.session.id is None:
             raise RemoteVerifierError("verify called before start")
         proposal = self._fit(context, proposal)
@@ -144,6 +148,12 @@ class RemoteTarget:
         """The run is over: close its session now rather than leave its KV cache on the server
         until the idle timeout. The connection stays open for the next run."""
         self.session.close()
+
+    def grammars(self, tokenizer: Tokenizer) -> Grammars:
+        """Grammars compiled here for the verifier's vocabulary, read from ``tokenizer`` (which
+        must map tokens as the verifier's does): the engine drafts a grammar's forced text and
+        cuts other drafts with them; the verifier masks with its own copy."""
+        return Grammars(tokenizer, self.info.vocab_size, self.info.eos_token_ids)
 
     def speaks(self, tokenizer: Tokenizer | None) -> bool:
         """Whether the verifier's target maps tokens to the same ids as ``tokenizer``."""

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Annotated
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from draftwise.config import SamplingConfig
+from draftwise.config import GrammarSpec, SamplingConfig
 from draftwise.errors import DraftwiseError
 
 if TYPE_CHECKING:
@@ -163,6 +163,17 @@ class OpenSession(_Strict):
     )
     sampling: SamplingConfig = Field(
         SamplingConfig(), description="the acceptance rule's distribution and seed (same meaning as locally)"
+    )
+    grammar: GrammarSpec | None = Field(
+        None,
+        description="a grammar the answer follows (structured output): the session masks every verified row to "
+        "what it allows, as a local run does; None = no constraint",
+    )
+    answer_start: int | None = Field(
+        None,
+        ge=1,
+        description="where the answer begins in prompt, for a session opened again mid-answer: the grammar "
+        "follows prompt[answer_start:]; None = the answer starts after the prompt",
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import threading
 import time
@@ -34,10 +35,11 @@ from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from draftwise.config import GenerationConfig, SamplingConfig
+from draftwise.config import GenerationConfig, GrammarSpec, SamplingConfig
 from draftwise.drafters import Proposal
-from draftwise.engine import seeded_generators
+from draftwise.engine import grammars_of, seeded_generators
 from draftwise.errors import DraftwiseError, validation_message
+from draftwise.grammar import Constraint, GrammarError, Triggered
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import (
     PROTOCOL_VERSION,
@@ -82,6 +84,10 @@ class _Session:
     context: list[int]  # committed tokens, as the client's engine holds them
     last_used: float
     verified: bool = False  # has served a verify since it was opened
+    # The answer's grammar, if any: it follows context[answer_start:] and masks every verify.
+    grammar: GrammarSpec | None = None
+    constraint: Constraint | Triggered | None = None
+    answer_start: int = 0
     # One verify at a time per session; sessions run theirs side by side (their passes share rounds).
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -102,6 +108,7 @@ class VerifierService:
         self.fingerprint = tokenizer_fingerprint(lm.tokenizer)
         # A session can hold no more than the model itself can, whatever the setting says.
         self.max_context = min(settings.max_context, lm.max_context or settings.max_context)
+        self.grammars = grammars_of(lm)  # compiles the grammars sessions bring (structured output)
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
         self.hits = 0  # verifies that found their session here
@@ -150,6 +157,10 @@ class VerifierService:
                 f"room for prompts of at most {self.max_context - 1} (each verify adds a token)",
             )
         self._check_ids(np.asarray(prompt, dtype=np.int64), "prompt")
+        answer_start = len(prompt) if request.answer_start is None else request.answer_start
+        if answer_start > len(prompt):
+            raise VerifierError(422, f"answer_start={answer_start} is past the prompt's {len(prompt)} tokens")
+        constraint = self._follow(request.grammar, prompt, answer_start)
         with self._lock:
             self._expire_locked(time.monotonic())
             while len(self._sessions) >= self.settings.max_sessions:
@@ -164,8 +175,34 @@ class VerifierService:
         with self._lock:
             while len(self._sessions) >= self.settings.max_sessions:
                 self._evict_locked()
-            self._sessions[session_id] = _Session(target, request.sampling, list(prompt), time.monotonic())
+            self._sessions[session_id] = _Session(
+                target,
+                request.sampling,
+                list(prompt),
+                time.monotonic(),
+                grammar=request.grammar,
+                constraint=constraint,
+                answer_start=answer_start,
+            )
         return SessionOpened(session_id=session_id, context_length=len(prompt), prefill_seconds=prefill_seconds)
+
+    def _follow(
+        self, grammar: GrammarSpec | None, context: list[int], answer_start: int
+    ) -> Constraint | Triggered | None:
+        """``grammar`` compiled (once per server, see ``Grammars``) and walked through the
+        answer so far, ``context[answer_start:]``; None without a grammar."""
+        if grammar is None:
+            return None
+        if self.grammars is None:
+            raise VerifierError(
+                422, f"this verifier's model {self.lm.name!r} has no tokenizer: it cannot follow a grammar"
+            )
+        try:
+            constraint = self.grammars.constraint(grammar)
+            constraint.commit(context[answer_start:])
+        except GrammarError as exc:
+            raise VerifierError(422, str(exc)) from None
+        return constraint
 
     def _evict_locked(self) -> None:
         """Drop the least recently used session that has served a verify, or else the least
@@ -235,13 +272,35 @@ class VerifierService:
                 tokens=torch.from_numpy(request.tokens.astype(np.int64)),
                 probs=None if session.sampling.greedy else self._draft_probs(request),
             )
-            check = self.scheduler.run(session.target.verify(context, proposal))
+            mask = self._mask(session, context, request.tokens.tolist())
+            check = self.scheduler.run(session.target.verify(context, proposal, mask))
             verdict = check.verdict
-            session.context = context + request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
+            kept = request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
+            session.context = context + kept
             session.verified = True
+            if session.constraint is not None:
+                session.constraint.commit(kept)
         return encode_verify_response(
             verdict.n_accepted, verdict.next_token, time.perf_counter() - started, check.target_token_probs
         )
+
+    def _mask(self, session: _Session, context: list[int], block: list[int]) -> torch.Tensor | None:  # [k + 1, W]
+        """What the session's grammar allows at each row of the verify of ``block`` after
+        ``context`` (None: no grammar). A context the client rewrote (``keep``, ``append``) is
+        walked again from the answer's start."""
+        if session.constraint is None:
+            return None
+        if context != session.context:
+            if (
+                len(context) < session.answer_start
+                or context[: session.answer_start] != session.context[: session.answer_start]
+            ):
+                raise VerifierError(
+                    409, f"a session with a grammar keeps its prompt: keep must be at least {session.answer_start}"
+                )
+            session.constraint = self._follow(session.grammar, context, session.answer_start)
+            assert session.constraint is not None
+        return session.constraint.masks(block)
 
     def _take(self, session_id: str) -> _Session:
         """The session to verify on, marked as just used; 404 when it is not held here."""
@@ -287,6 +346,8 @@ class VerifierService:
 # Commas in a valid open-session body besides those between prompt tokens: the separators of
 # its top-level keys and of the sampling settings, with room to spare.
 _OPEN_COMMAS = 16
+# JSON strings (a grammar's text), whose commas separate no values.
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
 def parse_open_session(body: bytes, max_context: int) -> OpenSession:
@@ -295,11 +356,12 @@ def parse_open_session(body: bytes, max_context: int) -> OpenSession:
     A thread alone does not keep a large body from holding up other requests: pydantic keeps
     the GIL while it parses, and a body of ``max_body_bytes`` can hold a million numbers (most
     of a second's work). A prompt has fewer tokens than ``max_context``, so a body with more
-    commas than that (and the sampling settings' few) cannot be valid: it is refused before
-    it is parsed, and what is parsed is at most about ``max_context`` numbers.
+    commas than that (and the sampling settings' few) outside its strings (a grammar's text
+    has commas of its own) cannot be valid: it is refused before it is parsed, and what is
+    parsed is at most about ``max_context`` numbers.
     """
     limit = max_context + _OPEN_COMMAS
-    if body.count(b",") > limit:  # a quick scan, next to parsing
+    if _STRINGS.sub(b'""', body).count(b",") > limit:  # a quick scan, next to parsing
         raise VerifierError(
             422,
             f"the body holds over {limit} values, more than a session can: this server's max_context of "

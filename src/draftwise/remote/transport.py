@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from draftwise.config import SamplingConfig
+from draftwise.config import GrammarSpec, SamplingConfig
 from draftwise.errors import TargetError
 from draftwise.lm import common_prefix
 from draftwise.remote.protocol import PROTOCOL_VERSION, OpenSession, ServerInfo, SessionOpened, encode_verify_request
@@ -184,6 +184,8 @@ class VerifierSession:
         self.id: str | None = None
         self.server_context: list[int] = []  # what the server's session holds, mirrored
         self.sampling = SamplingConfig()  # of the current generation
+        self.grammar: GrammarSpec | None = None  # the answer's grammar, opened with the session
+        self.answer_start = 0  # where the answer begins in the context: the grammar follows it from there
         self.reopens = 0  # sessions opened again because the server no longer (or never) held them
 
     def open(self, request: OpenSession) -> None:
@@ -228,7 +230,14 @@ class VerifierSession:
             if exc.reply_status != 404:
                 raise
         self.id = None  # gone: nothing to close
-        self.open(OpenSession(prompt=list(context), sampling=self.sampling.model_copy(update={"seed": None})))
+        self.open(
+            OpenSession(
+                prompt=list(context),
+                sampling=self.sampling.model_copy(update={"seed": None}),
+                grammar=self.grammar,
+                answer_start=self.answer_start if self.grammar is not None else None,
+            )
+        )
         self.reopens += 1
         return (*self._post_verify(context, tokens, q_ids, q_probs), 1)
 
