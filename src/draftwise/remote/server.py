@@ -421,7 +421,7 @@ _VERIFY_ERRORS = {
     **_AUTH,
     **_BODY,
     **_UNKNOWN,
-    409: "keep is past the session's context",
+    409: "keep is past the session's context, or would rewrite the prompt of a session with a grammar",
     422: "a body that breaks the wire format or a limit (max_block, max_context, max_q_entries), "
     "or token ids outside the vocabulary",
 }
