@@ -272,7 +272,7 @@ class VerifierService:
                 tokens=torch.from_numpy(request.tokens.astype(np.int64)),
                 probs=None if session.sampling.greedy else self._draft_probs(request),
             )
-            mask = self._mask(session, context, request.tokens.tolist())
+            mask = self._mask(session, request, context)
             check = self.scheduler.run(session.target.verify(context, proposal, mask))
             verdict = check.verdict
             kept = request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
@@ -284,13 +284,13 @@ class VerifierService:
             verdict.n_accepted, verdict.next_token, time.perf_counter() - started, check.target_token_probs
         )
 
-    def _mask(self, session: _Session, context: list[int], block: list[int]) -> torch.Tensor | None:  # [k + 1, W]
-        """What the session's grammar allows at each row of the verify of ``block`` after
-        ``context`` (None: no grammar). A context the client rewrote (``keep``, ``append``) is
-        walked again from the answer's start."""
+    def _mask(self, session: _Session, request: VerifyRequest, context: list[int]) -> torch.Tensor | None:  # [k + 1, W]
+        """What the session's grammar allows at each row of the verify of ``request``'s block
+        after ``context`` (None: no grammar). A context the client rewrote (``keep`` short of
+        the session's, or ``append``) is walked again from the answer's start."""
         if session.constraint is None:
             return None
-        if context != session.context:
+        if request.keep < len(session.context) or len(request.append):
             if (
                 len(context) < session.answer_start
                 or context[: session.answer_start] != session.context[: session.answer_start]
@@ -300,7 +300,7 @@ class VerifierService:
                 )
             session.constraint = self._follow(session.grammar, context, session.answer_start)
             assert session.constraint is not None
-        return session.constraint.masks(block)
+        return session.constraint.masks(request.tokens.tolist())
 
     def _take(self, session_id: str) -> _Session:
         """The session to verify on, marked as just used; 404 when it is not held here."""
