@@ -120,6 +120,20 @@ def test_pass_times_interpolate_between_measured_sizes_and_extend_the_last_segme
     assert times.at(1) == pytest.approx(0.7 * 0.28 + 0.3 * 0.38)
 
 
+def test_pass_times_noise_is_the_standard_error_of_a_sizes_decayed_mean():
+    times = PassTimes()
+    assert times.noise(4) == 0.0
+    times.add(4, 0.10)
+    assert times.noise(4) == 0.0  # one pass: no scatter known
+    times.add(4, 0.20)
+    variance = 0.7 * (0.3 * 0.10**2)  # the decayed variance of the passes about the mean
+    assert times.noise(4) == pytest.approx((variance * 0.3 / 1.7) ** 0.5)
+    times.add(8, 0.30)
+    assert times.noise(8) == 0.0
+    assert times.noise(6) == pytest.approx(times.noise(4))  # unmeasured: its noisier neighbour
+    assert times.noise(20) == 0.0  # past the last size, the last size's
+
+
 def test_cost_drafts_nothing_when_drafting_is_expensive_and_poor():
     policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
     feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
@@ -323,6 +337,77 @@ def test_beside_eight_rows_a_stream_drafts_to_fill_the_cheap_shape():
     policy = _batched(8, curve)
     choice = policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000)
     assert choice.k > 0 and (8 + choice.k + 1) % 4 == 0  # the pass's rows fill whole groups
+
+
+def _shared_pass(rows: int, seconds: float) -> Outcome:
+    """A plain step's outcome whose pass held ``rows`` rows, all but one other streams'."""
+    from draftwise.lm import PassInfo
+
+    return Outcome(PLAIN, 0, 0, 0.0, seconds, pass_info=PassInfo(rows, seconds))
+
+
+def _scattered(others: int, curve: dict[int, float], scatter_ms: float, margin: float, luck=None) -> CostAwareK:
+    """A policy beside ``others`` rows and a free, half-right lookup, whose shared passes of
+    each size scatter by +-``scatter_ms`` about ``curve`` (ms by rows); ``luck`` maps a size
+    to the side (+1 slow, -1 fast) its last three passes fell on, as a run of luck would have it."""
+    profile = CostProfile()
+    for rows, ms in curve.items():
+        for i, sign in enumerate([1, -1] * 30 + [(luck or {}).get(rows, 0)] * 3):
+            profile.learn(_shared_pass(rows, (ms + sign * scatter_ms + i * 1e-3) / 1000))
+    policy = CostAwareK(DraftConfig(k=4, k_max=15, probe_every=1000, noise_margin=margin), profile)
+    policy._counts["ngram:1"] = (5.0, 5.0)
+    policy._others = float(others)
+    return policy
+
+
+def test_passes_shared_with_other_streams_make_a_curve_of_their_own():
+    profile = CostProfile()
+    profile.learn(_shared_pass(1, 0.04))  # alone: the pass held only this stream's row
+    for _ in range(4):  # every stream in a shared pass reports it; it counts once
+        profile.learn(_shared_pass(4, 0.17))
+    profile.learn(_shared_pass(4, 0.15))
+    assert profile.pass_times.at(4) == 0.04 and not profile.pass_times.known(4)
+    assert profile.shared_times.at(4) == pytest.approx(0.7 * 0.17 + 0.3 * 0.15)
+
+
+def test_beside_other_streams_rows_are_priced_on_the_shared_passes():
+    # Calibrated on an idle machine, a fifth row costs 18 ms; under load, passes of 3 and 4
+    # rows take 119 and 170 ms and 5 rows never ran. On the calibration a nine-in-ten lookup's
+    # one-token draft pays beside 3 rows; on the shared passes each row costs 51 ms and it
+    # does not.
+    calibrated = {1: 37, 2: 80, 3: 86, 4: 109, 5: 127, 6: 157, 8: 267}
+    lookup = [Offer("ngram", key="ngram:1", cost_hint=0.0)]
+    idle = _batched(0, calibrated)
+    idle._counts["ngram:1"], idle._others = (9.0, 1.0), 3.0
+    assert idle.choose(lookup, 1000).k > 0
+    loaded = _batched(0, calibrated)
+    loaded._counts["ngram:1"] = (9.0, 1.0)
+    for i in range(10):
+        loaded.update(_shared_pass(4, 0.170 + i * 1e-6))
+        loaded.update(_shared_pass(3, 0.119 + i * 1e-6))
+    loaded._others = 3.0
+    assert loaded.choose(lookup, 1000) == PLAIN
+
+
+def test_scatter_between_sizes_does_not_make_rows_look_free():
+    # Beside 4 rows, each extra row truly costs about 35 ms, but passes scatter by 30 ms and the
+    # means end crossed (the last passes of 6 rows ran fast, of 5 slow): on the raw means a
+    # half-right one-token draft costs nothing, and wins on paper.
+    curve = {1: 40, 4: 150, 5: 185, 6: 220, 8: 290}
+    lookup = [Offer("ngram", key="ngram:1", cost_hint=0.0)]
+    luck = {5: 1, 6: -1}
+    raw = _scattered(4, curve, 30, margin=0.0, luck=luck)
+    assert raw.profile.shared_times.at(6) < raw.profile.shared_times.at(5)
+    assert raw.choose(lookup, 1000).k > 0
+    assert _scattered(4, curve, 30, margin=2.0, luck=luck).choose(lookup, 1000) == PLAIN
+
+
+def test_a_dip_well_beyond_the_scatter_is_still_used():
+    # Beside 8 rows the pass of 16 costs about what 9 do (the kernel changes), far beyond the
+    # passes' scatter of 5 ms: the margin leaves the cheap shape worth filling.
+    curve = {1: 40, 8: 300, 9: 335, 10: 370, 12: 440, 16: 330}
+    policy = _scattered(8, curve, 5, margin=2.0)
+    assert policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000).k == 7
 
 
 def test_past_the_measured_curve_batched_streams_stop_drafting():

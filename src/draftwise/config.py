@@ -150,6 +150,14 @@ class DraftConfig(_Strict):
     probe_every: int = Field(
         16, ge=1, description="cost policy: after this many steps without drafting, draft once to re-measure"
     )
+    noise_margin: float = Field(
+        2.0,
+        ge=0.0,
+        le=10.0,
+        description="cost policy: a block's pass is priced this many standard errors of the measured pass "
+        "times above their difference from plain decoding's, so that scatter between sizes never makes rows "
+        "look free; 0 = the raw means",
+    )
 
     @model_validator(mode="after")
     def _check_ranges(self) -> DraftConfig:

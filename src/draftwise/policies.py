@@ -8,6 +8,8 @@ plain decoding (``PLAIN``). After the step it learns what the step did and cost
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -165,6 +167,9 @@ class PassTimes:
     3-token one), and a line through the multi-token passes misprices the one-token pass
     that plain decoding is made of.
 
+    Each size also keeps a decayed variance of its passes, so that ``noise`` can tell a
+    real dip in the curve from the scatter of a few passes (see ``CostAwareK``).
+
     Example: measured {1: 0.28, 6: 0.61} -> at(3) = 0.28 + 2/5 * 0.33 = 0.412, at(9) = 0.808.
     """
 
@@ -172,32 +177,66 @@ class PassTimes:
 
     def __init__(self) -> None:
         self._mean: dict[int, float] = {}
+        self._var: dict[int, float] = {}  # decayed variance of one pass about the mean
+        self._sizes: list[int] = []  # the measured sizes, in order
 
     def add(self, tokens: int, seconds: float) -> None:
-        self._mean[tokens] = _decayed(self._mean.get(tokens), seconds, self.WEIGHT)
+        old = self._mean.get(tokens)
+        self._mean[tokens] = _decayed(old, seconds, self.WEIGHT)
+        if old is None:
+            self._var[tokens] = 0.0
+            bisect.insort(self._sizes, tokens)
+            return
+        deviation = min(seconds, OUTLIER * old) - old
+        self._var[tokens] = (1 - self.WEIGHT) * (self._var[tokens] + self.WEIGHT * deviation**2)
 
     def known(self, tokens: int) -> bool:
         return tokens in self._mean
+
+    @property
+    def sizes(self) -> int:
+        """How many sizes were measured."""
+        return len(self._mean)
+
+    def noise(self, tokens: int) -> float:
+        """The standard error of ``at(tokens)``: the scatter of a decayed mean of passes that
+        scatter as measured (variance times ``WEIGHT / (2 - WEIGHT)``); for a size never
+        measured, the larger of its measured neighbours'. 0 until a size has two passes."""
+        if tokens in self._var:
+            variance = self._var[tokens]
+        else:
+            _, below, above = self._neighbours(tokens)
+            variance = max((self._var[s] for s in (below, above) if s is not None), default=0.0)
+        return math.sqrt(variance * self.WEIGHT / (2 - self.WEIGHT))
+
+    def _neighbours(self, tokens: int) -> tuple[int | None, int | None, int | None]:
+        """The measured sizes just below ``tokens`` (the two nearest) and just above it."""
+        sizes = self._sizes
+        i = bisect.bisect_left(sizes, tokens)
+        below = sizes[i - 2] if i >= 2 else None, sizes[i - 1] if i >= 1 else None
+        return (*below, sizes[i] if i < len(sizes) else None)
 
     def at(self, tokens: int) -> float | None:
         if not self._mean:
             return None
         if tokens in self._mean:
             return self._mean[tokens]
-        sizes = sorted(self._mean)
-        below = [s for s in sizes if s < tokens]
-        above = [s for s in sizes if s > tokens]
-        if not below:
-            return self._mean[above[0]]
-        if above:
-            lo, hi = below[-1], above[0]
-        elif len(below) >= 2:
-            lo, hi = below[-2], below[-1]
+        second, below, above = self._neighbours(tokens)
+        if below is None:
+            assert above is not None  # some size is measured
+            return self._mean[above]
+        if above is not None:
+            lo, hi = below, above
+        elif second is not None:
+            lo, hi = second, below
         else:
-            return self._mean[below[-1]]
+            return self._mean[below]
         slope = max(0.0, (self._mean[hi] - self._mean[lo]) / (hi - lo))
         return self._mean[lo] + slope * (tokens - lo)
 
+
+# By rows of a stream's block, 0 up: (seconds they add to the pass, the noise of its time).
+Prices = list[tuple[float | None, float]]
 
 # A measurement more than this many times the running mean counts as this many times it: a
 # pass that stalled (another process took the CPU) says more about the machine than about
@@ -219,21 +258,34 @@ class CostProfile:
     It outlives a generation (an engine keeps one), so the second request of a server, or
     the second prompt of a bench run, starts from what the first measured. Acceptance is
     kept too, per statistics key, as the prior of the next generation.
+
+    Passes shared with other streams are kept apart from passes a stream ran alone
+    (``shared_times``): under load a row costs what it costs among the other streams' rows and
+    contexts, which calibration on an idle machine does not show. Measured at 4 clients, a
+    4-row pass took 170 ms against 109 calibrated while the 5-row size, never run under that
+    load, kept its calibrated 127: one curve mixing the two made a fifth row look free.
     """
 
-    pass_times: PassTimes = field(default_factory=PassTimes)
+    pass_times: PassTimes = field(default_factory=PassTimes)  # passes alone, and calibration
+    shared_times: PassTimes = field(default_factory=PassTimes)  # passes that held other streams' rows
     draft_token_seconds: dict[str, float] = field(default_factory=dict)  # per source
     catchup_token_seconds: dict[str, float] = field(default_factory=dict)  # per source
     acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)  # key -> (accepted, rejected)
     # Rows other streams put in the passes this stream's rows rode in lately (batched backends):
     # the next generation starts from the load the last one saw, not from an empty machine.
     others_rows: float = 0.0
+    # The shared pass learnt last: every stream in a pass reports it, and it counts once.
+    _last_shared: PassInfo | None = field(default=None, repr=False)
 
     def learn(self, outcome: Outcome) -> None:
-        if outcome.pass_info is not None:
-            self.pass_times.add(outcome.pass_info.rows, outcome.pass_info.seconds)
-        else:
+        info = outcome.pass_info
+        if info is None:
             self.pass_times.add(outcome.own_rows, outcome.verify_seconds)
+        elif outcome.others_rows == 0:
+            self.pass_times.add(info.rows, info.seconds)
+        elif info != self._last_shared:
+            self.shared_times.add(info.rows, info.seconds)
+            self._last_shared = info
         source = outcome.choice.source
         if source is None or outcome.n_proposed == 0:
             return
@@ -279,7 +331,9 @@ class CostAwareK:
     a pass the other streams fill with ``B`` rows anyway, so they are priced at what they add
     to it, ``T(B + k + 1) - T(B)``, not at a pass of their own (and at least
     ``MARGINAL_FLOOR`` of a plain pass a row, so that a cheaper bigger shape never makes
-    rows free). ``B`` is learnt from the passes' reports (``Outcome.pass_info``).
+    rows free), with ``T`` read off the passes shared with other streams
+    (``CostProfile.shared_times``) once two sizes of them are known. ``B`` is learnt from
+    the passes' reports (``Outcome.pass_info``).
 
     Example, with the pass times 1/2/3/4/8/16 rows = 65/88/101/86/152/169 ms: alone, drafting
     3 tokens at alpha 0.5 gives 1.875 tokens in 86 ms against plain's 1 in 65: it drafts.
@@ -297,6 +351,23 @@ class CostAwareK:
 
     Example, ``k_max`` 12, ``k_long`` 48: a prediction that got 7 tokens right in a row may
     draft 12; after 20 in a row, 40; after 30, 48; a rejection starts its run at 0 again.
+
+    **Noise.** Under load the passes of one size scatter (the streams' contexts differ, prompt
+    pieces come and go), and a few passes per size leave means that cross: a curve learnt at 4
+    clients read T(4) = 147, T(5) = 162, T(6) = 157 ms, so a row beside plain decoding's
+    looked free and half-right one-token drafts won on paper and lost on the machine. Beside
+    ``B`` rows, drafting ``k`` tokens expected to emit ``E`` beats plain decoding when
+    ``E (T(B+1) - T(B)) > T(B+k+1) - T(B)``, that is when ``G = E T(B+1) - (E-1) T(B) -
+    T(B+k+1)`` is positive; alone, ``T(B)`` drops out. Each mean carries its standard error
+    (``PassTimes.noise``), so ``G`` has one, and a block is priced ``noise_margin`` of them
+    above its measured cost: drafting must win by more than the scatter could have made up. A
+    curve measured without scatter (calibration, a quiet machine) keeps its dips, so a stream
+    still fills a cheap shape.
+
+    Example: the curve above, each size's passes scattering by 30 ms (standard errors of
+    12.6 ms), a one-token draft at acceptance 0.5 (E = 1.5): G = 243 - 73.5 - 157 = 12.5 ms
+    in drafting's favour, with a standard error of 12.6 x sqrt(0.5^2 + 1.5^2 + 1) = 23.6 ms;
+    at ``noise_margin`` 2 the draft would need a G above 47 ms, so the stream decodes plainly.
     """
 
     DECAY = 0.9
@@ -323,6 +394,7 @@ class CostAwareK:
         self._runs: dict[str, int] = {}  # statistics key -> tokens accepted in a row since its last rejection
         self.k_start = max(1, min(config.k, config.k_max))
         self.probe_every = config.probe_every
+        self.noise_margin = config.noise_margin
         self.profile = profile or CostProfile()
         self._counts = {key: _prior(counts) for key, counts in self.profile.acceptance.items()}
         self._idle_steps = 0
@@ -344,30 +416,63 @@ class CostAwareK:
             return self.alpha_of("")
         return self.alpha_of(max(self._counts, key=lambda key: sum(self._counts[key])))
 
-    def rate(self, offer: Offer | None, k: int, remaining: int, alpha: float | None = None) -> float | None:
+    def rate(
+        self, offer: Offer | None, k: int, remaining: int, alpha: float | None = None, table: Prices | None = None
+    ) -> float | None:
         """Expected tokens per second of drafting ``k`` from ``offer`` (plain for k == 0) at
-        the offer's measured acceptance, or at ``alpha``; None until the costs are measured."""
-        verify = self._added(k + 1)
-        if verify is None:
-            return None
+        the offer's measured acceptance, or at ``alpha``; None until the costs are measured.
+        ``table``: ``_prices`` of at least ``k + 1`` rows, read once for many calls."""
+        table = table or self._prices(k + 1)
         if offer is None or k == 0:
-            return 1.0 / verify if verify > 0 else None
-        plain = self.pass_times.at(1) or verify
-        draft = self.profile.draft_token_seconds.get(offer.source, offer.cost_hint * plain)
-        tokens = expected_tokens(self.alpha_of(offer.stats_key) if alpha is None else alpha, k)
-        steps = min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
-        seconds = verify + k * draft + self._catchup_seconds(offer) / steps
-        return tokens / seconds if seconds > 0 else None
+            verify = table[1][0]
+            return 1.0 / verify if verify else None
+        return self._rates(offer, k, remaining, alpha, table)[k - 1]
+
+    def _rates(self, offer: Offer, top: int, remaining: int, alpha: float | None, table: Prices) -> list[float | None]:
+        """``rate`` of drafting 1 to ``top`` tokens from ``offer``, what does not depend on the
+        length read once. A block is priced ``noise_margin`` standard errors of what the
+        measured curve says drafting gains over plain decoding above its cost (see "Noise")."""
+        plain = self.pass_times.at(1)
+        measured = self.profile.draft_token_seconds.get(offer.source)
+        accept = self.alpha_of(offer.stats_key) if alpha is None else alpha
+        catchup = self._catchup_seconds(offer)
+        below = table[0][1] if round(self._others) else 0.0
+        rates: list[float | None] = []
+        for k in range(1, top + 1):
+            verify, noise = table[k + 1]
+            if verify is None:
+                rates.append(None)
+                continue
+            draft = measured if measured is not None else offer.cost_hint * (plain or verify)
+            tokens = expected_tokens(accept, k)
+            doubt = self.noise_margin * math.hypot((tokens - 1) * below, tokens * table[1][1], noise)
+            steps = min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
+            seconds = verify + doubt + k * draft + catchup / steps
+            rates.append(tokens / seconds if seconds > 0 else None)
+        return rates
+
+    def _prices(self, rows: int) -> Prices:
+        """For 0 to ``rows`` rows of this stream: the seconds they add to the pass they ride in
+        (``_added``) and the noise of that pass's time."""
+        curve, others = self._curve(), round(self._others)
+        return [(self._added(n) if n else None, curve.noise(others + n)) for n in range(rows + 1)]
+
+    def _curve(self) -> PassTimes:
+        """The pass times to price rows on: passes shared with other streams while there are
+        others (once two sizes of them are known), else passes alone."""
+        shared = self.profile.shared_times
+        return shared if round(self._others) > 0 and shared.sizes >= 2 else self.pass_times
 
     def _added(self, rows: int) -> float | None:
         """Seconds ``rows`` rows of this stream add to the pass they ride in: a whole pass
         alone, the difference it makes beside the other streams' rows when batched."""
         others = round(self._others)
-        total = self.pass_times.at(others + rows)
+        curve = self._curve()
+        total = curve.at(others + rows)
         if total is None or others == 0:
             return total
         floor = self.MARGINAL_FLOOR * (self.pass_times.at(1) or total)
-        return max(total - (self.pass_times.at(others) or 0.0), floor * rows)
+        return max(total - (curve.at(others) or 0.0), floor * rows)
 
     def _catchup_seconds(self, offer: Offer) -> float:
         per_token = self.profile.catchup_token_seconds.get(offer.source)
@@ -399,10 +504,9 @@ class CostAwareK:
         """The drafting choice with the best expected rate (``PLAIN`` if none is priced), at
         each offer's measured acceptance or at ``alpha``."""
         best, best_rate = PLAIN, 0.0
+        table = self._prices(max((self.longest(offer) for offer in offers), default=0) + 1)
         for offer in offers:
-            top = self.longest(offer)
-            for k in range(1, top + 1):
-                rate = self.rate(offer, k, remaining, alpha)
+            for k, rate in enumerate(self._rates(offer, self.longest(offer), remaining, alpha, table), start=1):
                 if rate is not None and rate > best_rate:
                     best, best_rate = Choice(offer, k), rate
         return best, best_rate
