@@ -453,26 +453,23 @@ class CostAwareK:
 
     def _prices(self, rows: int) -> Prices:
         """For 0 to ``rows`` rows of this stream: the seconds they add to the pass they ride in
-        (``_added``) and the noise of that pass's time."""
+        (a whole pass alone; beside the other streams' rows, the difference they make, and at
+        least ``MARGINAL_FLOOR`` of a plain pass a row) and the noise of that pass's time."""
         curve, others = self._curve(), round(self._others)
-        return [(self._added(n) if n else None, curve.noise(others + n)) for n in range(rows + 1)]
+        base, plain = curve.at(others) or 0.0, self.pass_times.at(1)
+        prices: Prices = [(None, curve.noise(others))]
+        for n in range(1, rows + 1):
+            total = curve.at(others + n)
+            if total is not None and others:
+                total = max(total - base, self.MARGINAL_FLOOR * (plain or total) * n)
+            prices.append((total, curve.noise(others + n)))
+        return prices
 
     def _curve(self) -> PassTimes:
         """The pass times to price rows on: passes shared with other streams while there are
         others (once two sizes of them are known), else passes alone."""
         shared = self.profile.shared_times
         return shared if round(self._others) > 0 and shared.sizes >= 2 else self.pass_times
-
-    def _added(self, rows: int) -> float | None:
-        """Seconds ``rows`` rows of this stream add to the pass they ride in: a whole pass
-        alone, the difference it makes beside the other streams' rows when batched."""
-        others = round(self._others)
-        curve = self._curve()
-        total = curve.at(others + rows)
-        if total is None or others == 0:
-            return total
-        floor = self.MARGINAL_FLOOR * (self.pass_times.at(1) or total)
-        return max(total - (curve.at(others) or 0.0), floor * rows)
 
     def _catchup_seconds(self, offer: Offer) -> float:
         per_token = self.profile.catchup_token_seconds.get(offer.source)
