@@ -84,6 +84,12 @@ def _error(response: httpx.Response, status: int) -> dict:
         ("/v1/completions", {**OK, "speculative": {"k_policy": "magic"}}, "speculative.k_policy", "fixed"),
         ("/v1/completions", {**OK, "speculative": {"k": -1}}, "speculative.k", "greater than or equal to 0"),
         ("/v1/completions", {**OK, "speculative": {"k": 30}}, "speculative", "must not exceed k_max"),
+        (
+            "/v1/completions",
+            {**OK, "speculative": {"noise_margin": -1}},
+            "speculative.noise_margin",
+            "greater than or equal to 0",
+        ),
         ("/v1/completions", {**OK, "speculative": {"drafter": "model"}}, "speculative.drafter", "no draft model"),
         ("/v1/completions", {**OK, "speculative": "yes"}, "speculative", "object"),
         ("/v1/completions", {**OK, "stream": "yes"}, "stream", "valid boolean"),
