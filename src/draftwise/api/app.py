@@ -138,6 +138,9 @@ class Transcript:
                 call_id = f"call_{uuid.uuid4().hex[:24]}"
                 function = s.FunctionCallDelta(name=value)
                 deltas.append(s.ToolCallDelta(index=index, id=call_id, type="function", function=function))
+            elif deltas and deltas[-1].index == index:
+                # One entry a call in a chunk: clients merge entries across chunks, not within one.
+                deltas[-1].function.arguments += value
             else:
                 deltas.append(s.ToolCallDelta(index=index, function=s.FunctionCallDelta(arguments=value)))
         return content, deltas
