@@ -7,6 +7,7 @@ import json
 import random
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 import torch
@@ -512,3 +513,35 @@ def test_text_stream_work_is_linear_in_length(tokenizer):
         stream.push([token])
     # A full decode per push would be ~n^2 / 2 = 600k tokens; a window is a few tokens.
     assert counting.decoded < 40 * len(tokens)
+
+
+@pytest.mark.parametrize(
+    ("n_accepted", "emitted", "parts"),
+    [
+        (5, 6, [("grammar", 3, 3), ("ngram", 4, 2)]),  # 3 forced and 2 drafted kept, then a correction
+        (7, 8, [("grammar", 3, 3), ("ngram", 4, 4)]),
+        (5, 2, [("grammar", 3, 2), ("ngram", 4, 0)]),  # a stop after 2 tokens: the rest is not kept
+        (1, 2, [("grammar", 3, 1), ("ngram", 4, 0)]),  # a forced token refused (another spelling won)
+    ],
+)
+def test_a_blocks_forced_tokens_count_as_the_grammars_and_the_rest_as_its_sources(n_accepted, emitted, parts):
+    event = StepEvent(
+        step=0,
+        k=7,
+        source="ngram",
+        proposed=list(range(7)),
+        draft_probs=[1.0] * 7,
+        target_probs=[1.0] * 7,
+        n_accepted=n_accepted,
+        next_token=9,
+        tokens=list(range(emitted)),
+        sources=[TokenSource.ACCEPTED] * emitted,
+        text="",
+        prefill_seconds=0.0,
+        draft_seconds=0.0,
+        verify_seconds=0.0,
+        step_seconds=0.0,
+        forced=3,
+    )
+    assert event.drafted_by() == parts
+    assert replace(event, forced=0).drafted_by() == [("ngram", 7, min(n_accepted, emitted))]

@@ -15,11 +15,21 @@ from collections import Counter
 import pytest
 import torch
 
-from draftwise import GenerationConfig, SpeculativeEngine, autoregressive
+from draftwise import GenerationConfig, SpeculativeEngine, autoregressive, engine as engine_module
 from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
-from draftwise.drafters import NGramDrafter, build_drafter
+from draftwise.drafters import ModelDrafter, NGramDrafter, build_drafter
 from draftwise.engine import grammars_of
-from draftwise.grammar import GRAMMAR, CallStream, GrammarError, held_back, parse_tool_calls, tool_call_grammar
+from draftwise.grammar import (
+    GRAMMAR,
+    CallStream,
+    Constrained,
+    GrammarError,
+    held_back,
+    parse_tool_calls,
+    tool_call_grammar,
+)
+from draftwise.lm import drive
+from draftwise.policies import PLAIN, Choice
 from draftwise.target import LocalTarget
 from draftwise.verify import apply_mask, masked_argmax, pack_bits, unpack_bits, verify
 
@@ -265,6 +275,63 @@ def test_other_sources_drafts_are_cut_at_the_first_forbidden_token(tiny_target):
     assert result.events[0].proposed == []  # "x x x x", cut to nothing
     proposed = [t for event in result.events for t in event.proposed]
     assert all(tiny_target.tokenizer.decode([t]).isdigit() for t in proposed)
+
+
+def test_a_block_goes_on_past_the_forced_text_with_another_sources_draft(grammars, tiny_target):
+    # "ab" is forced; the n-gram drafter, asked about the context as it will be after "ab",
+    # finds "ab12x" in the prompt and offers "12x...", cut at "x", which the grammar forbids.
+    tok = tiny_target.tokenizer
+    a, b, one, two = (ids(tok, ch)[0] for ch in "ab12")
+    drafter = Constrained(NGramDrafter(), grammars.constraint(regex("ab[0-9]+")))
+    prompt = ids(tok, "ab12x")
+    drafter.start(prompt, GenerationConfig(), None)
+    forced, mixed = drafter.offers(prompt)
+    assert (forced.source, forced.limit, forced.sure) == (GRAMMAR, 2, 2)
+    assert (mixed.source, mixed.sure, mixed.limit) == ("grammar+ngram", 2, 2 + 5)
+    proposal = drive(drafter.propose(prompt, 6, mixed.source))
+    assert proposal.tokens.tolist() == [a, b, one, two]
+    assert (proposal.source, proposal.forced) == ("ngram", 2)
+    assert drive(drafter.propose(prompt, 2, mixed.source)).tokens.tolist() == [a, b]  # the forced part only
+
+
+def test_a_mixed_block_gives_forced_tokens_a_point_mass_beside_the_model(grammars, tiny_target, tiny_near_draft):
+    tok = tiny_target.tokenizer
+    drafter = Constrained(ModelDrafter(tiny_near_draft), grammars.constraint(regex("ab[0-9]+")))
+    config = GenerationConfig(sampling=SamplingConfig(temperature=1.0, seed=0))
+    prompt = ids(tok, "digits: ")
+    drafter.start(prompt, config, torch.Generator().manual_seed(0))
+    mixed = [offer for offer in drafter.offers(prompt) if offer.source == "grammar+model"]
+    proposal = drive(drafter.propose(prompt, 5, mixed[0].source))
+    assert proposal.probs is not None and proposal.probs.shape[0] == len(proposal) >= 2
+    assert proposal.token_probs()[:2] == [1.0, 1.0]  # "a", "b": the only tokens allowed
+    assert proposal.probs[:2].sum(dim=1).tolist() == [1.0, 1.0]
+    assert proposal.tokens[:2].tolist() == ids(tok, "ab")
+
+
+class _MixedFirst:
+    """A draft policy that always drafts the longest block past the forced text it is offered."""
+
+    def choose(self, offers, remaining):
+        mixed = [offer for offer in offers if offer.source.startswith("grammar+")]
+        offer = mixed[0] if mixed else (offers[0] if offers else None)
+        return Choice(offer, offer.sure + 6) if offer is not None else PLAIN
+
+    def update(self, outcome):
+        pass
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+def test_blocks_past_the_forced_text_keep_greedy_output_exact(tiny_target, tiny_near_draft, drafter, monkeypatch):
+    # The prompt holds a record, so the n-gram drafter has something to copy after each key.
+    monkeypatch.setattr(engine_module, "make_policy", lambda config, profile=None: _MixedFirst())
+    prompt = 'name age ok tag red green blue {"name": "ab", "age": 12, "ok": true, "tag": "red"} {'
+    config = GenerationConfig(max_new_tokens=80, grammar=schema(RECORD))
+    plain = autoregressive(tiny_target).generate(prompt, config)
+    fast = speculative(tiny_target, tiny_near_draft, drafter).generate(prompt, config)
+    assert fast.tokens == plain.tokens
+    mixed = [event for event in fast.events if event.forced and len(event.proposed) > event.forced]
+    assert mixed and {event.source for event in mixed} <= {"ngram", "model"}
+    assert fast.metrics.proposed_by_source[GRAMMAR] == sum(event.forced for event in fast.events)
 
 
 def test_a_grammar_that_cannot_finish_ends_at_the_length_limit(tiny_target):

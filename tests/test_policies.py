@@ -432,3 +432,54 @@ def test_a_new_generation_starts_from_the_load_the_last_one_saw():
     second = CostAwareK(DraftConfig(k=4, k_max=15, probe_every=1000), first.profile)
     assert second._others == pytest.approx(first._others) and second._others > 30
     assert second.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000) == PLAIN
+
+
+# --- forced tokens (a grammar's): sure, free, and a block may go on past them -----------------
+
+
+def _on_the_line(k: int = 2, k_max: int = 4) -> CostAwareK:
+    """A policy that knows the passes of ``_pass_seconds`` up to 24 rows."""
+    policy = CostAwareK(DraftConfig(k=k, k_max=k_max, probe_every=1000))
+    for rows in range(1, 25):
+        policy.pass_times.add(rows, _pass_seconds(rows))
+    return policy
+
+
+def test_forced_tokens_are_drafted_whole_past_k_max_with_nothing_to_learn():
+    # 10 forced tokens: 11 tokens in a pass of 0.4 + 10 x 0.12 = 1.6 s, against one in 0.4 s.
+    policy = _on_the_line()
+    forced = Offer("grammar", limit=10, cost_hint=0.0, grounded=True, sure=10)
+    assert policy.rate(forced, 10, 1000) == pytest.approx(11 / 1.6)
+    assert policy.choose([forced], 1000) == Choice(forced, 10)  # not cut at k_max, never "explored"
+    policy.update(step(10, 10, 10, verify_s=1.6, offer=forced))
+    assert "grammar" not in policy.profile.acceptance  # forced tokens say nothing of a source
+
+
+def test_a_block_past_forced_tokens_is_priced_at_its_sources_acceptance():
+    # 3 forced tokens, then an n-gram draft. Worked: at alpha 0.95, 3 forced + 4 drafted emit
+    # 3 + (1 - 0.95^5) / 0.05 = 7.52 tokens in 0.4 + 7 x 0.12 = 1.24 s (6.07 tok/s), against
+    # 4 in 0.76 s (5.26 tok/s) for the forced three alone.
+    policy = _on_the_line()
+    forced = Offer("grammar", limit=3, cost_hint=0.0, sure=3)
+    mixed = Offer("grammar+ngram", key="grammar+ngram:3", cost_hint=0.0, sure=3)
+    assert policy.choose([forced, mixed], 1000) == Choice(mixed, 5)  # tried once: 3 + k
+    policy._counts["grammar+ngram:3"] = (19.0, 1.0)
+    assert policy.rate(mixed, 7, 1000) == pytest.approx((3 + (1 - 0.95**5) / 0.05) / 1.24)
+    assert policy.choose([forced, mixed], 1000) == Choice(mixed, 3 + 4)  # k_max more, past the forced three
+    for _ in range(30):  # the forced three kept, the draft after them wrong at once
+        policy.update(step(7, 7, 3, verify_s=_pass_seconds(8), offer=mixed))
+    assert policy.alpha_of("grammar+ngram:3") < 0.2
+    assert policy.choose([forced, mixed], 1000).k == 3  # only what is sure pays
+
+
+def test_only_the_tokens_after_the_forced_ones_count_for_the_source():
+    policy = _on_the_line()
+    mixed = Offer("grammar+ngram", key="grammar+ngram:3", cost_hint=0.0, sure=3)
+    policy.update(step(3, 3, 3, offer=mixed))  # cut to the forced three: nothing to learn
+    policy.update(step(7, 7, 2, offer=mixed))  # a forced token refused: the draft was not reached
+    assert "grammar+ngram:3" not in policy.profile.acceptance
+    policy.update(step(7, 7, 5, offer=mixed))  # 2 of 4 drafted kept, then a rejection
+    prior_accepted, prior_rejected = CostAwareK.PRIOR
+    assert policy.profile.acceptance["grammar+ngram:3"] == pytest.approx(
+        (CostAwareK.DECAY * prior_accepted + 2, CostAwareK.DECAY * prior_rejected + 1)
+    )

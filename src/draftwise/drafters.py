@@ -35,7 +35,8 @@ class Proposal:
     ``probs`` holds the draft distribution ``q`` at each position (what the rejection rule
     needs); ``None`` means the drafter is deterministic (a point mass on each token).
     ``catchup_seconds`` is time spent feeding context the drafter had not seen (a draft
-    model's lazy prefill), counted apart from drafting itself.
+    model's lazy prefill), counted apart from drafting itself. The first ``forced`` tokens
+    are a grammar's forced text (``draftwise.grammar.Constrained``), the rest ``source``'s.
     """
 
     tokens: torch.Tensor  # [k] long
@@ -43,6 +44,7 @@ class Proposal:
     source: str | None = None
     catchup_seconds: float = 0.0
     catchup_tokens: int = 0
+    forced: int = 0
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

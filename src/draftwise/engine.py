@@ -158,6 +158,7 @@ class _Run:
             finished=self.finished,
             finish_reason=reason,
             extra=dict(check.extra),
+            forced=proposal.forced,
         )
         self.step += 1
         return event

@@ -13,6 +13,8 @@ from draftwise.verify import TokenSource
 # The next_token of the event that closes a run the target could not take further (its
 # context was full, a remote verifier refused or went away): that event made no target pass.
 NO_TOKEN = -1
+# The source of tokens a grammar forced (``draftwise.grammar``): a block may start with them.
+FORCED = "grammar"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,18 @@ class StepEvent:
     finished: bool = False
     finish_reason: str | None = None  # "length" | "eos" | "stop" | "error" (the target went away)
     extra: dict[str, Any] = field(default_factory=dict)  # backend timings (e.g. network); "detail": why it ended
+    forced: int = 0  # the first this many proposed tokens were a grammar's forced text
+
+    def drafted_by(self) -> list[tuple[str, int, int]]:
+        """(source, proposed, kept) of each part of the block: its forced tokens as
+        ``FORCED``'s, the rest as ``source``'s. An accepted token past a stop is not in the
+        output: it counts as not kept."""
+        if self.source is None or not self.proposed:
+            return []
+        forced = min(self.forced, len(self.proposed))
+        kept = min(self.n_accepted, len(self.tokens))
+        parts = [(FORCED, forced, min(kept, forced)), (self.source, len(self.proposed) - forced, max(0, kept - forced))]
+        return [part for part in parts if part[1]]
 
     @property
     def target_pass(self) -> bool:

@@ -46,10 +46,9 @@ class GenerationMetrics:
             self.proposed_at[i] += 1
             self.accepted_at[i] += int(i < event.n_accepted)
         self.accepted_length_counts[event.n_accepted] += 1
-        if event.source is not None and n_proposed:
-            self.proposed_by_source[event.source] += n_proposed
-            # An accepted token past a stop is not in the output: it counts as not kept.
-            self.kept_by_source[event.source] += min(event.n_accepted, len(event.tokens))
+        for source, proposed, kept in event.drafted_by():
+            self.proposed_by_source[source] += proposed
+            self.kept_by_source[source] += kept
         self.draft_seconds += event.draft_seconds
         self.verify_seconds += event.verify_seconds
         self.other_seconds += event.other_seconds

@@ -30,7 +30,10 @@ class Offer:
     ``cost_hint`` guesses a draft token's cost as a share of one plain target pass, until
     the source's own cost is measured. A ``grounded`` source copies text the output is
     expected to follow (a prediction, an n-gram copy in progress): the cost policy may give it
-    blocks past ``k_max`` once it has been right long enough (``CostAwareK``).
+    blocks past ``k_max`` once it has been right long enough (``CostAwareK``). The first
+    ``sure`` tokens of a block are forced by a grammar: the only ones it allows, so accepted,
+    and drafted at no cost; the source's acceptance and cost price the tokens after them
+    (a forced key, then a value from another source).
     """
 
     source: str
@@ -39,6 +42,7 @@ class Offer:
     key: str = ""
     cost_hint: float = 0.5
     grounded: bool = False
+    sure: int = 0
 
     @property
     def stats_key(self) -> str:
@@ -444,10 +448,11 @@ class CostAwareK:
                 rates.append(None)
                 continue
             draft = measured if measured is not None else offer.cost_hint * (plain or verify)
-            tokens = expected_tokens(accept, k)
+            sure, guessed = min(k, offer.sure), max(0, k - offer.sure)
+            tokens = sure + expected_tokens(accept, guessed)
             doubt = self.noise_margin * math.hypot((tokens - 1) * below, tokens * table[1][1], noise)
             steps = min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
-            seconds = verify + doubt + k * draft + catchup / steps
+            seconds = verify + doubt + guessed * draft + (catchup / steps if guessed else 0.0)
             rates.append(tokens / seconds if seconds > 0 else None)
         return rates
 
@@ -486,15 +491,18 @@ class CostAwareK:
     def _exploration(self, offers: Sequence[Offer]) -> Choice | None:
         """An offer whose acceptance was never observed, if trying it is cheap enough."""
         for offer in self._affordable(offers):
-            if offer.stats_key not in self._counts:
-                return Choice(offer, self.k_start if offer.limit is None else min(self.k_start, offer.limit))
+            if offer.stats_key not in self._counts and not _all_sure(offer):
+                k = offer.sure + self.k_start
+                return Choice(offer, k if offer.limit is None else min(k, offer.limit))
         return None
 
     def longest(self, offer: Offer) -> int:
-        """The longest block ``offer`` may draft now (see "Long blocks")."""
+        """The longest block ``offer`` may draft now (see "Long blocks"): its forced tokens,
+        then as many as its source may draft."""
         top = self.k_max
         if offer.grounded:
             top = max(top, min(self.k_long, self.GROWTH * self._runs.get(offer.stats_key, 0)))
+        top += offer.sure
         return top if offer.limit is None else min(top, offer.limit)
 
     def _best(self, offers: Sequence[Offer], remaining: int, alpha: float | None = None) -> tuple[Choice, float]:
@@ -536,15 +544,24 @@ class CostAwareK:
         if outcome.pass_info is not None:
             self._others += self.OTHERS_WEIGHT * (outcome.others_rows - self._others)
             self.profile.others_rows = self._others
-        if outcome.choice.offer is None or outcome.n_proposed == 0:
+        offer = outcome.choice.offer
+        # Only the tokens after the forced ones, where the forced ones were kept, tell the
+        # source's acceptance.
+        if offer is None or outcome.n_proposed <= offer.sure or outcome.n_accepted < offer.sure:
             return
-        key = outcome.choice.offer.stats_key
+        key = offer.stats_key
         accepted, rejected = self._counts.get(key, self.PRIOR)
         rejection = 1 if outcome.n_accepted < outcome.n_proposed else 0
-        self._runs[key] = 0 if rejection else self._runs.get(key, 0) + outcome.n_accepted
-        counts = (self.DECAY * accepted + outcome.n_accepted, self.DECAY * rejected + rejection)
+        kept = outcome.n_accepted - offer.sure
+        self._runs[key] = 0 if rejection else self._runs.get(key, 0) + kept
+        counts = (self.DECAY * accepted + kept, self.DECAY * rejected + rejection)
         self._counts[key] = counts
         self.profile.acceptance[key] = counts
+
+
+def _all_sure(offer: Offer) -> bool:
+    """Whether every token ``offer`` has is forced: nothing about it to learn."""
+    return offer.limit is not None and offer.sure >= offer.limit
 
 
 def _prior(counts: tuple[float, float]) -> tuple[float, float]:
