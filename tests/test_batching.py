@@ -43,6 +43,15 @@ def test_a_pass_takes_the_smallest_requests_first_up_to_its_budget():
     assert [(r.seq, n) for r, n in _plan([prompt, block], 3)] == [(1, 3)]
 
 
+def test_of_two_prompts_fed_in_pieces_the_one_with_less_left_in_all_goes_first():
+    # Both feed a 512-token piece now; the first has 1,000 tokens more to come, the second 200:
+    # the second goes first and whole, piece after piece, while the first waits.
+    long, short = Request(0, [1] * 512, 0, 1, after=1000), Request(1, [1] * 512, 0, 1, after=200)
+    assert [(r.seq, n) for r, n in _plan([long, short], 256)] == [(1, 256)]
+    short.fed = 256
+    assert [(r.seq, n) for r, n in _plan([long, short], 256)] == [(1, 256)]
+
+
 needs_model = needs_smol_on_llama_cpp
 pytestmark = [pytest.mark.slow]
 

@@ -84,12 +84,15 @@ class Forward:
 
     A backend that batches may take several passes to feed it (a long prompt goes in pieces
     beside the other streams' steps): ``scores`` is set once it is fed whole; ``state`` is
-    the backend's bookkeeping meanwhile.
+    the backend's bookkeeping meanwhile. ``after`` counts the tokens the stream feeds right
+    after this pass, before it needs anyone's attention (the rest of a prompt fed in pieces):
+    a backend that serves the least work first counts them too.
     """
 
     lm: LanguageModel
     tokens: Sequence[int]
     last: int | None = None
+    after: int = 0
     scores: torch.Tensor | None = None  # [last or n, V] float32, once done
     error: BaseException | None = None  # why it cannot be done (a full context, a failed pass)
     state: Any = field(default=None, repr=False)
@@ -272,7 +275,8 @@ def prefill(lm: LanguageModel, prompt: Sequence[int]) -> Passes[None]:
     if keep < len(lm.tokens):
         lm.rollback(keep)
     for start in range(keep, len(body), PREFILL_CHUNK):
-        yield Forward(lm, body[start : start + PREFILL_CHUNK], last=1)
+        end = min(start + PREFILL_CHUNK, len(body))
+        yield Forward(lm, body[start:end], last=1, after=len(body) - end)
 
 
 def sync(lm: LanguageModel, context: Sequence[int]) -> list[int]:

@@ -264,7 +264,7 @@ class LlamaCppModel:
                 "(--context sets it, up to the model's own)"
             )
         want = n if not forward.last else min(forward.last, n)
-        return Request(self.seq, [int(t) for t in forward.tokens], len(self.tokens), want)
+        return Request(self.seq, [int(t) for t in forward.tokens], len(self.tokens), want, after=forward.after)
 
     def end(self, request: Request) -> torch.Tensor:  # [want, V]
         """``request`` was fed whole: the sequence holds its tokens; its scores."""

@@ -71,6 +71,7 @@ class Request:
     rows: list[torch.Tensor] = field(default_factory=list)
     pass_rows: int = 0  # of the last pass that fed this request, over every sequence in it
     pass_seconds: float = 0.0
+    after: int = 0  # tokens its sequence feeds next, once this is done (``Forward.after``)
 
     @property
     def left(self) -> int:
@@ -174,13 +175,16 @@ class _Context:
 
 
 def _plan(pending: list[Request], budget: int) -> list[tuple[Request, int]]:
-    """(request, tokens it feeds now) for one pass: the smallest first, up to ``budget`` rows.
+    """(request, tokens it feeds now) for one pass: the least work first, up to ``budget``
+    rows. A prompt fed in pieces counts what it feeds after this piece too (``after``): two
+    long prompts that arrive together are then fed one after the other, so the first one's
+    answer starts when its own prompt is in, not when both are.
 
     Example: budget 64, pending a 1-token step, a 5-token block and a 600-token prompt: the
     step and the block go whole, and the prompt feeds 58 tokens now, the rest in later passes.
     """
     plan = []
-    for request in sorted(pending, key=lambda r: r.left):
+    for request in sorted(pending, key=lambda r: r.left + r.after):
         take = min(request.left, budget)
         if take <= 0:
             break
