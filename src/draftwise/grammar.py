@@ -524,7 +524,6 @@ def _joined(forced: list[int], proposal: Proposal) -> Proposal:
     """``forced`` tokens, then ``proposal``'s, as one block (the forced ones a point mass)."""
     if not forced:
         return proposal
-
     head = torch.tensor(forced, dtype=torch.long)  # [f]
     probs = proposal.probs  # [k, V] or None
     if probs is not None:

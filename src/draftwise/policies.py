@@ -31,9 +31,9 @@ class Offer:
     the source's own cost is measured. A ``grounded`` source copies text the output is
     expected to follow (a prediction, an n-gram copy in progress): the cost policy may give it
     blocks past ``k_max`` once it has been right long enough (``CostAwareK``). The first
-    ``sure`` tokens of a block are forced by a grammar: the only ones it allows, so accepted,
-    and drafted at no cost; the source's acceptance and cost price the tokens after them
-    (a forced key, then a value from another source).
+    ``sure`` tokens of a block are forced by a grammar, drafted at no cost and priced as
+    accepted (the mask allows nothing else there but another spelling of the same text); the
+    source's acceptance and cost price the tokens after them (a forced key, then a value).
     """
 
     source: str
