@@ -27,6 +27,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -511,13 +512,8 @@ def _cut(proposal: Proposal, keep: int) -> Proposal:
     """The first ``keep`` tokens of ``proposal``."""
     if keep == len(proposal):
         return proposal
-    return Proposal(
-        tokens=proposal.tokens[:keep],
-        probs=proposal.probs[:keep] if proposal.probs is not None else None,
-        source=proposal.source,
-        catchup_seconds=proposal.catchup_seconds,
-        catchup_tokens=proposal.catchup_tokens,
-    )
+    probs = proposal.probs[:keep] if proposal.probs is not None else None
+    return replace(proposal, tokens=proposal.tokens[:keep], probs=probs)
 
 
 def _joined(forced: list[int], proposal: Proposal) -> Proposal:
@@ -530,11 +526,4 @@ def _joined(forced: list[int], proposal: Proposal) -> Proposal:
         point = torch.zeros(len(forced), probs.shape[1], dtype=probs.dtype)  # [f, V]
         point[torch.arange(len(forced)), head] = 1.0
         probs = torch.cat([point, probs])  # [f + k, V]
-    return Proposal(
-        tokens=torch.cat([head, proposal.tokens]),
-        probs=probs,
-        source=proposal.source,
-        catchup_seconds=proposal.catchup_seconds,
-        catchup_tokens=proposal.catchup_tokens,
-        forced=len(forced),
-    )
+    return replace(proposal, tokens=torch.cat([head, proposal.tokens]), probs=probs, forced=len(forced))
