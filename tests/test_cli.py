@@ -239,6 +239,27 @@ def test_generate_streams_text_and_prints_stats_from_stdin(home):
     assert "accepted draft token" in done.stderr  # the colour legend
 
 
+def test_a_first_ctrl_c_is_remembered_where_it_lands_and_a_second_is_raised():
+    # Raised wherever it landed, a Ctrl-C could stop httpx inside its pool's lock, and closing
+    # the verifier session then hung (seen once in test_ctrl_c_in_generate_closes_its_session).
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with _interruptible() as interrupt:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # the handler runs here
+            except KeyboardInterrupt:
+                pytest.fail("the first Ctrl-C was raised where it landed")
+            assert interrupt.seen
+            with pytest.raises(KeyboardInterrupt):
+                interrupt.check()
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the second is raised here, at once
+    finally:
+        signal.signal(signal.SIGINT, started_with)
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped exception
 def test_a_ctrl_c_that_lands_in_a_finalizer_still_ends_generate():
     # Python drops an exception raised inside __del__, so a Ctrl-C delivered there was lost and

@@ -280,15 +280,21 @@ def _engine(loaded: _Models, drafter: DrafterKind, remote: RemoteTarget | None) 
 
 
 class _Interrupt:
-    """Ctrl-C during a run, raised at once as usual and also remembered: Python drops an
-    exception raised inside a finalizer (``__del__``), and a signal can land in one."""
+    """Ctrl-C during a run. The first is remembered, not raised: the run ends before its next
+    pass or at its next event (``check``), where the stream is closed as at its end, so a
+    remote verifier's session is freed over a connection in a sound state. Raised wherever it
+    lands, it could interrupt httpx inside its connection pool's lock (not re-entrant), and the
+    session's close would then wait on that lock for ever; it could also land in a finalizer
+    (``__del__``), where Python drops it. A second Ctrl-C is raised at once, wherever the run is
+    (a long remote prefill)."""
 
     def __init__(self) -> None:
         self.seen = False
 
     def __call__(self, signum: int, frame: Any) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
         self.seen = True
-        raise KeyboardInterrupt
 
     def check(self) -> None:
         if self.seen:
@@ -328,7 +334,7 @@ def _speculate(
             if show:
                 colours.push(event.tokens, event.sources)
                 out.print(colours.render(event.text), end="")
-        interrupt.check()  # a Ctrl-C that a finalizer swallowed still ends the run as one
+        interrupt.check()  # a Ctrl-C that ended the stream before a pass ends the run as one
     return GenerationResult.from_events(ids, events)
 
 
