@@ -36,12 +36,10 @@ lint: setup
 # ones also on Gemma 3 270M (253 MB), whose tokenizer is another; pulling is a no-op once they
 # are in the cache. Tests of llama.cpp's own programs run once `make llama-cpp-bin` has
 # built them (found under build/, or at $DRAFTWISE_LLAMA_CPP_BIN) and skip before that;
-# DRAFTWISE_STRICT_TESTS=1 (set by .ci/run) turns any such skip into a failure. Two workers
-# (pytest-xdist), each taking whole files (tests/conftest.py): while one waits on a command or a
-# server, the other computes.
+# DRAFTWISE_STRICT_TESTS=1 (set by .ci/run) turns any such skip into a failure.
 test: setup lint
 	$(BIN)/draftwise pull smollm2-135m gemma3-270m -q
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q
 
 # llama.cpp's own programs, for the bench's llamacpp-spec anchor (`draftwise bench --llama-cpp-bin
 # DIR`): built once from the llama-cpp-python sdist pinned in constraints.txt, under build/;

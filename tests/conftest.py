@@ -10,9 +10,7 @@ slow test.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator
-from typing import Any
 
 import pytest
 import torch
@@ -36,33 +34,6 @@ def pytest_runtest_makereport(
     report = yield
     fail_strict_skip(item, report)
     return report
-
-
-# Files that start a local Ray: one Ray at a time on this machine, so they share a worker.
-RAY_FILES = ("tests/test_ray.py", "tests/test_ray_cli.py")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # Under pytest-xdist, torch's own operations keep to one thread per worker: two workers
-    # with two threads each on two cores wait on each other's threads. (Not OMP_NUM_THREADS:
-    # the commands a test starts, and llama.cpp's passes, keep their threads.)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        torch.set_num_threads(1)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``make test`` runs the files on two workers (pytest-xdist): each file whole on one, so
-    its module fixtures (a real model loaded and warmed up) are built once; the Ray files on
-    the same one."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByFile(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return RAY_FILES[0] if path in RAY_FILES else path
-
-    return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")
