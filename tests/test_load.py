@@ -40,6 +40,7 @@ from draftwise.loadbench.stats import (
     Run,
     against_llama,
     alone_texts,
+    decode_after_first_chunk,
     decode_tok_s,
     finished_runs,
     mismatches,
@@ -166,6 +167,7 @@ def test_rows_and_mismatches_are_tabled():
         "tok_s": 30.0,
         "request_tok_s_p50": 10.0,
         "decode_tok_s": 12.5,
+        "decode_after_first_chunk_tok_s": 9.0,
         "ttft_p50_s": 0.2,
         "ttft_p95_s": None,
         "latency_p50_s": 2.0,
@@ -176,7 +178,8 @@ def test_rows_and_mismatches_are_tabled():
         "compared_to_alone": 3,
         "identical_to_alone": 2,
     }
-    line = "| draftwise | 2 | 3 | 0 | 60 | 2.0 | 30.0 | 10.0 | 12.5 | 0.200 | n/a | 2.00 | 2.90 | 40 | 0 | 2/3 | 2/3 |"
+    line = "| draftwise | 2 | 3 | 0 | 60 | 2.0 | 30.0 | 10.0 | 12.5 | 9.0 | 0.200 | n/a | 2.00 | 2.90 | 40 | 0 | 2/3 "
+    line += "| 2/3 |"
     assert rows_table([row])[2] == line
     unreported = {**row, "accepted_prediction_tokens": None, "rejected_prediction_tokens": None, "parsed_json": None}
     assert "| 2.90 |  |  |  | 2/3 |" in rows_table([unreported])[2]  # blank: no prediction count, no JSON task
@@ -213,7 +216,7 @@ def test_stream_events_of_both_endpoints_fill_an_answer():
     assert not read_event(answer, json.dumps({"choices": [], "usage": {"completion_tokens": 2}}), 0.4)
     assert read_event(answer, "[DONE]", 0.5)
     assert (answer.text, answer.ttft_s, answer.finish_reason, answer.completion_tokens) == ("Hello", 0.2, "length", 2)
-    assert answer.ok
+    assert answer.first_chunk_chars == 3 and answer.ok  # "Hel" came with the first chunk
     broken = Answer(LoadPrompt("x", "s", "hi", chat=False), start_s=0.0)
     assert read_event(broken, json.dumps({"error": {"message": "boom"}}), 0.1)
     assert not broken.ok and "boom" in (broken.error or "")
@@ -415,6 +418,24 @@ def test_decode_speed_counts_the_tokens_after_the_first_over_the_time_after_it()
     assert decode_tok_s(requests[3:4], [1]) is None and decode_tok_s([], []) is None
 
 
+def test_decode_after_the_first_chunk_counts_only_the_text_streamed_after_it():
+    def words(text: str) -> int:  # a tokenizer of one token a word
+        return len(text.split())
+
+    requests = [
+        # a tool call: 30 tokens, its first chunk "a b c" (after a wrapper without text), then 4 words in 1 s
+        _request("a", "x", "a b c d e f g", 30, 2.0, 1.0, first_chunk_chars=5),
+        _request("a", "y", "one two", 2, 1.5, 0.5, first_chunk_chars=3),  # a token a chunk: 1 in 1 s
+        _request("a", "z", "old", 1, 1.0, 0.5),  # an older record, without the field: left out
+        _request("a", "w", "", 0, 0.4, None, first_chunk_chars=None),  # nothing streamed
+    ]
+    row = summarize(Run(_run("a", "draftwise", 1, 5.0), requests), None, words)
+    assert row["decode_after_first_chunk_tok_s"] == pytest.approx((4 + 1) / (1.0 + 1.0))
+    assert row["decode_tok_s"] == pytest.approx((29 + 1 + 0) / (1.0 + 1.0 + 0.5))  # the wrapper counted
+    assert summarize(Run(_run("a", "draftwise", 1, 5.0), requests), None)["decode_after_first_chunk_tok_s"] is None
+    assert decode_after_first_chunk(requests[2:], words) is None  # no time to divide by
+
+
 def test_prediction_tokens_are_summed_from_the_answers_that_report_them():
     reported = [
         _request("a", "x", "", 5, 1.0, 0.1, accepted_prediction_tokens=40, rejected_prediction_tokens=3),
@@ -543,6 +564,7 @@ def test_a_tiny_run_through_the_cli_reports_and_resumes(tmp_path):
     summary = _load(out, *args)
     _check_run(out, summary, ["draftwise"], 3)
     assert [r["concurrency"] for r in summary["against_llama"]] == [1, 2]
+    assert all(r["decode_after_first_chunk_tok_s"] is not None for r in summary["rows"])  # the target's tokenizer
     before = _records(out)
     again = run_cli("load", *args, "--concurrency", "1,2", "--out", str(out), "--no-progress")
     assert again.returncode == 0 and "0 run(s) to do" in again.stderr, again.stderr
@@ -587,6 +609,7 @@ def test_a_running_server_is_driven_through_its_url(tmp_path):
     _check_run(tmp_path / "run", summary, ["draftwise"], 2)
     assert all(command == f"running server at {url}" for _, _, command in summary["commands"])
     assert not (tmp_path / "run" / "logs").exists()  # nothing was started
+    assert all(r["decode_after_first_chunk_tok_s"] is None for r in summary["rows"])  # no tokenizer loaded for it
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ class Answer:
     status: int | None = None  # the HTTP status; None: no answer
     text: str = ""
     ttft_s: float | None = None  # to the first chunk that carries text
+    first_chunk_chars: int | None = None  # len(text) once that chunk is read: what came with it
     latency_s: float = 0.0  # to the end of the stream
     completion_tokens: int | None = None  # the server's own count (usage)
     accepted_prediction_tokens: int | None = None  # usage.completion_tokens_details, where reported
@@ -66,9 +67,9 @@ def read_event(answer: Answer, data: str, elapsed: float) -> bool:
         answer.error = f"error event: {json.dumps(chunk['error'])[:300]}"
         return True
     text = chunk_text(chunk)
-    if text and answer.ttft_s is None:
-        answer.ttft_s = elapsed
     answer.text += text
+    if text and answer.ttft_s is None:
+        answer.ttft_s, answer.first_chunk_chars = elapsed, len(answer.text)
     for choice in chunk.get("choices") or []:
         answer.finish_reason = choice.get("finish_reason") or answer.finish_reason
     read_usage(answer, chunk.get("usage"))

@@ -46,6 +46,7 @@ def request_record(answer: Answer, run: dict[str, Any]) -> dict[str, Any]:
         "ok": answer.ok,
         "error": answer.error,
         "ttft_s": answer.ttft_s,
+        "first_chunk_chars": answer.first_chunk_chars,
         "latency_s": answer.latency_s,
         "completion_tokens": answer.completion_tokens,
         "accepted_prediction_tokens": answer.accepted_prediction_tokens,
@@ -156,8 +157,9 @@ class LoadBench:
         ordered = sorted(runs, key=lambda k: (rank[k[0]], k[1]))
         needs_count = any(r["ok"] and r["completion_tokens"] is None for run in runs.values() for r in run.requests)
         found = mismatches(runs)
-        lm = self._target() if needs_count or (self.config.audit and found) else None
-        count = (lambda text: len(lm.tokenizer.encode(text, add_special_tokens=False))) if lm is not None else None
+        lm = self._target() if self.config.audit and found else None
+        tokenizer = lm.tokenizer if lm is not None else self._tokenizer(needs_count)
+        count = (lambda text: len(tokenizer.encode(text, add_special_tokens=False))) if tokenizer is not None else None
         rows = [summarize(runs[key], alone_texts(runs, key[0]), count) for key in ordered]
         audits = None
         if self.config.audit:
@@ -166,6 +168,16 @@ class LoadBench:
             audits = audit(lm, self.prompts, found) if found else []
         commands = [(key[0], key[1], runs[key].record["command"]) for key in ordered]
         return {"rows": rows, "against_llama": against_llama(rows), "mismatches": audits, "commands": commands}
+
+    def _tokenizer(self, needed: bool) -> Any:
+        """The target's tokenizer (its vocabulary only), to count the text of answers: always
+        when the servers ran here, since the target is pulled; against ``--url`` only where a
+        server did not count its tokens (the model may not be here)."""
+        if not needed and self.config.url is not None:
+            return None
+        from draftwise.loading import load_tokenizer
+
+        return load_tokenizer(self.config.target, self.config.models)
 
     def _target(self) -> Any:
         from draftwise.loading import load_lm

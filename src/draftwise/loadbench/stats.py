@@ -1,13 +1,14 @@
 """From the records of finished runs to the numbers of the report.
 
 Per (server, C): aggregate tokens/s (every completion token of the run over the run's wall
-time, from the first request sent to the last stream ended), the median of each request's
-own tokens/s (its completion tokens over its latency), decode-phase tokens/s (the tokens
-after each request's first over the time after its first token, summed over the requests:
-prefill and queueing left out), time to first token and latency at p50 and p95, the
-prediction tokens the server accepted and rejected (summed from each answer's usage, where
-it reports them), and how many answers are identical to the same request run alone (C = 1 on
-the same server). Percentiles interpolate linearly between the nearest ranks.
+time, from the first request sent to the last stream ended), the median of each request's own
+tokens/s (its completion tokens over its latency), decode-phase tokens/s (the tokens after each
+request's first over the time after its first token, summed over the requests: prefill and
+queueing left out; and, with a tokenizer, the text after the first chunk), time to first token
+and latency at p50 and p95, the prediction tokens the server accepted and rejected (summed from
+each answer's usage, where it reports them), and how many answers are identical to the same
+request run alone (C = 1 on the same server). Percentiles interpolate linearly between the
+nearest ranks.
 """
 
 from __future__ import annotations
@@ -89,6 +90,30 @@ def decode_tok_s(requests: Sequence[Record], tokens: Sequence[int]) -> float | N
     return sum(n for n, _ in phases) / seconds if seconds > 0 else None
 
 
+def decode_after_first_chunk(requests: Sequence[Record], count: Count | None) -> float | None:
+    """The text after each request's first chunk, tokenized by ``count``, over the time after
+    that chunk, summed over the requests; None without a tokenizer or such time.
+
+    ``decode_tok_s`` counts every token of an answer but its first as decoded after the first
+    chunk. Where a server streams a token a chunk, the two agree. Where a chunk carries a block
+    (a pass's accepted tokens), or tokens without text came before it (a tool call's wrapper and
+    name, before its first ``arguments`` text), that counts tokens made before the clock starts.
+    Worked example: a tool call of 30 tokens whose first ``arguments`` chunk ends a 14-token
+    opening, 1.0 s later the end: ``decode_tok_s`` reads 29 tok/s; if the text after that chunk
+    is 16 tokens, this reads 16. Text never streamed (markup, the end of turn) is not counted here,
+    so it reads low by those tokens, on every server alike.
+    """
+    if count is None:
+        return None
+    phases = [
+        (count(r["text"][r["first_chunk_chars"] :]), r["latency_s"] - r["ttft_s"])
+        for r in requests
+        if r.get("first_chunk_chars") is not None and r["ttft_s"] is not None
+    ]
+    seconds = sum(s for _, s in phases)
+    return sum(n for n, _ in phases) / seconds if seconds > 0 else None
+
+
 def prediction_tokens(requests: Iterable[Record], field: str) -> int | None:
     """The sum of a usage count of the prediction (``accepted_prediction_tokens`` or
     ``rejected_prediction_tokens``) over the requests; None where no answer reported it."""
@@ -134,6 +159,7 @@ def summarize(run: Run, alone: dict[str, str] | None, count: Count | None = None
         "tok_s": sum(tokens) / wall if wall > 0 else None,
         "request_tok_s_p50": percentile(rates, 50),
         "decode_tok_s": decode_tok_s(ok, tokens),
+        "decode_after_first_chunk_tok_s": decode_after_first_chunk(ok, count),
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p95_s": percentile(ttft, 95),
         "latency_p50_s": percentile(latency, 50),
