@@ -195,6 +195,8 @@ def test_rows_and_mismatches_are_tabled():
     assert '| s | 2 | x | 4 | " a" | " b" | 0.100 | near tie |' in text
     assert '| s | 4 | y | 0 | "c" | "d" | 3.000 | CLEAR PREFERENCE |' in text
     assert mismatch_section([], 5) == ["None: every one of the 5 answers compared is identical to its answer alone."]
+    assert mismatch_section([], 0)[0].startswith("None compared: that needs a run at C = 1 and one above it")
+    assert mismatch_section(None, 0) == mismatch_section([], 0)
 
 
 def test_cpu_flags_keep_the_vector_and_matrix_extensions():

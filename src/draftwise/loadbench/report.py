@@ -117,6 +117,8 @@ def ratio_table(ratios: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def mismatch_section(audits: Sequence[dict[str, Any]] | None, compared: int) -> list[str]:
+    if compared == 0:
+        return ["None compared: that needs a run at C = 1 and one above it of the same server."]
     if audits is None:
         return ["Not audited (--no-audit): see the table above for how many answers differ."]
     if not audits:
