@@ -162,8 +162,9 @@ then runs with `--jinja`).
 - decode tok/s after the 1st chunk: the text streamed after each request's first chunk, tokenized
   with the target's tokenizer, over the same time. Where a chunk carries several tokens (a block
   of accepted tokens, a tool call's forced opening before its first argument) the column before
-  counts them as decoded after the first token; this one does not. It leaves out tokens with no
-  text (markup, the end of turn) on every server alike.
+  counts them as decoded after the first token; this one does not. It reads low where the text
+  was not decoded as the tokenizer would cut it (a run of newlines written a token at a time
+  becomes one or two tokens) and leaves out tokens with no text (markup, the end of turn).
 - TTFT: to the first chunk that carries text; latency: to the end of the stream.
 - prediction accepted / rejected: the summed `usage.completion_tokens_details` counts of the answers
   (blank where the server reported none).

@@ -100,8 +100,9 @@ def decode_after_first_chunk(requests: Sequence[Record], count: Count | None) ->
     name, before its first ``arguments`` text), that counts tokens made before the clock starts.
     Worked example: a tool call of 30 tokens whose first ``arguments`` chunk ends a 14-token
     opening, 1.0 s later the end: ``decode_tok_s`` reads 29 tok/s; if the text after that chunk
-    is 16 tokens, this reads 16. Text never streamed (markup, the end of turn) is not counted here,
-    so it reads low by those tokens, on every server alike.
+    is 16 tokens, this reads 16. It reads low where text was decoded in more tokens than the
+    tokenizer cuts it into (newlines written one at a time), and by the tokens never streamed as
+    text (markup, the end of turn).
     """
     if count is None:
         return None
