@@ -126,7 +126,7 @@ def server(args: argparse.Namespace) -> Iterator[str]:
         slots=settings.slots,
         log=lambda note: print(note, file=sys.stderr),
     )
-    app = create_app(settings, pair, own=True)
+    app = create_app(settings, pair)
     with serve_in_background(app) as url:
         yield url
 

@@ -82,7 +82,7 @@ def main() -> None:
     config = GenerationConfig(max_new_tokens=args.max_tokens)
     options = ModelOptions(threads=2, context=2048)
     pair = prepare_pair(args.target, args.draft, options, config.draft, slots=args.streams)
-    workers = build_workers(pair.target, pair.draft, args.streams, pair.profile, own=True)
+    workers = build_workers(pair.target, pair.draft, args.streams, pair.profile)
     prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()][: args.prompts]
     passes = _timing(pair.target.weights.api)
 

@@ -30,7 +30,7 @@ BENCH_PROMPTS = [
 def live_api(target: LanguageModel, draft: LanguageModel | None = None) -> Iterator[str]:
     """A real draftwise API server on 127.0.0.1 (a free port) over in-process tiny models."""
     app = create_app(
-        ServerSettings(target=MODEL, draft="tiny-draft" if draft is not None else None), Pair(target, draft)
+        ServerSettings(target=MODEL, draft="tiny-draft" if draft is not None else None), Pair(target, draft).fork()
     )
     with serve_in_background(app) as url:
         yield url

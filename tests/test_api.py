@@ -35,7 +35,7 @@ FIXED = {"k_policy": "fixed", "k": 4, "confidence_threshold": 0.0}
 
 
 def _serve(target, draft=None, **settings) -> Iterator[str]:
-    app = create_app(ServerSettings(target=MODEL, **settings), Pair(target, draft))
+    app = create_app(ServerSettings(target=MODEL, **settings), Pair(target, draft).fork())
     with serve_in_background(app) as url:
         yield url
 

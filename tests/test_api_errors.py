@@ -25,7 +25,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 @pytest.fixture(scope="module")
 def url(tiny_target) -> Iterator[str]:
     # No draft model, and a context of 64 tokens so oversize prompts are cheap to make.
-    app = create_app(ServerSettings(target=MODEL, max_context=64), Pair(tiny_target))
+    app = create_app(ServerSettings(target=MODEL, max_context=64), Pair(tiny_target).fork())
     with serve_in_background(app) as base:
         yield base
 
@@ -186,7 +186,7 @@ def test_junk_in_any_field_is_never_a_5xx(url, path):
 
 @pytest.fixture(scope="module")
 def url_with_draft(tiny_target, tiny_near_draft) -> Iterator[str]:
-    app = create_app(ServerSettings(target=MODEL, draft=MODEL), Pair(tiny_target, tiny_near_draft))
+    app = create_app(ServerSettings(target=MODEL, draft=MODEL), Pair(tiny_target, tiny_near_draft).fork())
     with serve_in_background(app) as base:
         yield base
 
@@ -206,7 +206,7 @@ def test_junk_in_any_speculative_field_is_never_a_5xx(url_with_draft, drafter):
 
 @pytest.fixture(scope="module")
 def guarded_url(tiny_target) -> Iterator[str]:
-    app = create_app(ServerSettings(target=MODEL, api_key="s3cret", max_body_bytes=2048), Pair(tiny_target))
+    app = create_app(ServerSettings(target=MODEL, api_key="s3cret", max_body_bytes=2048), Pair(tiny_target).fork())
     with serve_in_background(app) as base:
         yield base
 

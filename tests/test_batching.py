@@ -18,6 +18,7 @@ from draftwise.backends.llamacpp_batch import Request, _plan
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
+from draftwise.errors import SlotsFullError
 from draftwise.lm import Forward, cached_start
 from draftwise.loading import load_lm
 from draftwise.scheduler import Scheduler, run_together
@@ -67,12 +68,12 @@ def shared():
 
 
 @needs_model
-def test_forks_take_the_free_slots_then_contexts_of_their_own(shared):
+def test_forks_take_the_free_slots_and_none_past_them(shared):
     forks = [shared.fork() for _ in range(3)]
     assert sorted(f.seq for f in [shared, *forks]) == [0, 1, 2, 3]
     assert all(f.batcher is shared.batcher and f.weights is shared.weights for f in forks)
-    extra = shared.fork()  # every slot is taken: a context of its own, still the same weights
-    assert extra.batcher is not shared.batcher and extra.weights is shared.weights
+    with pytest.raises(SlotsFullError, match="all 4 slots of .* are in use"):
+        shared.fork()  # every slot is taken: refused, never a context of its own beside them
     freed = forks.pop().seq
     again = shared.fork()  # a dropped sequence gives its slot back
     assert again.batcher is shared.batcher and again.seq == freed
@@ -256,7 +257,7 @@ def test_concurrent_sessions_of_a_verifier_share_passes(alone):
 
     from server_support import serve_in_background
 
-    verifier_lm = load_lm(SMOL, ModelOptions(backend="llamacpp", threads=2, context=512), slots=5)
+    verifier_lm = load_lm(SMOL, ModelOptions(backend="llamacpp", threads=2, context=512), slots=4)
     app = create_app(VerifierSettings(target=SMOL, slots=4), lm=verifier_lm)
     expected = [_alone(alone, p, drafter=True) for p in PROMPTS]
     with serve_in_background(app) as url:

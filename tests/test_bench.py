@@ -316,6 +316,11 @@ def test_other_drafts_run_each_drafting_method_again(tmp_path: Path) -> None:
     assert "| model@tiny:2 | " in report and "other drafts: `tiny:2`" in report
 
 
+def test_other_drafts_do_not_name_the_target(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--other-drafts names the target tiny:0"):
+        _config(tmp_path, methods=("baseline", "model"), other_drafts=("tiny:2", "tiny:0"))
+
+
 def test_other_drafts_need_a_method_that_drafts_with_a_model(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--other-drafts runs the methods that draft with a model"):
         _config(tmp_path, methods=("baseline", "ngram"), other_drafts=("tiny:2",))

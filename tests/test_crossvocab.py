@@ -377,7 +377,7 @@ def test_the_server_drafts_through_text_for_a_draft_of_another_vocabulary(target
 
     # The printable target never writes EOS: every request runs its 24 tokens.
     expected = autoregressive(target).generate(PROMPT, GenerationConfig(max_new_tokens=24))
-    app = create_app(ServerSettings(target="tiny:0"), Pair(target, drafts["same-words"]))
+    app = create_app(ServerSettings(target="tiny:0"), Pair(target, drafts["same-words"]).fork())
     spec = {"speculative": {"drafter": "model", "k_policy": "fixed", "k": 4, "confidence_threshold": 0.0}}
     with serve_in_background(app) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)

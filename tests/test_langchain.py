@@ -46,7 +46,7 @@ def get_weather(city: str) -> str:
 @pytest.fixture(scope="module")
 def llm(tiny_target, tiny_near_draft) -> Iterator[object]:
     settings = ServerSettings(target=MODEL, max_context=2048)
-    with serve_in_background(create_app(settings, Pair(tiny_target, tiny_near_draft))) as base:
+    with serve_in_background(create_app(settings, Pair(tiny_target, tiny_near_draft).fork())) as base:
         yield langchain_openai.ChatOpenAI(
             base_url=f"{base}/v1", api_key="unused", model=MODEL, temperature=0, max_tokens=200, max_retries=0
         )

@@ -69,9 +69,12 @@ def test_serve_on_ray_replicas_are_prepared_and_calibrated(monkeypatch):
     monkeypatch.setattr(api_app, "build_workers", workers)
     settings = ServerSettings(target="tiny:0", draft="tiny:1", slots=2, generation=GenerationConfig(draft=COST))
     replica = serve_app.ApiReplica(settings)
-    replica.build()
+    app = replica.build()
     (call,) = calls
-    assert call["slots"] == 2 and call["spare_slots"] == 1  # the replica keeps its own copy idle
+    assert call["slots"] == 2
+    # A slot for each worker, none kept idle: the first worker runs on the replica's models.
+    targets = [worker.target for worker in app.state.pool._idle]
+    assert len(targets) == 2 and replica.pair.target in targets
     assert _calibrated(replica.pair.profile, COST.k_max)
     assert profiles == [replica.pair.profile]
 

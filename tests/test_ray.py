@@ -91,7 +91,7 @@ def api_fleet(cluster: LocalRay) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def api_single() -> Iterator[str]:
     pair = prepare_pair(API.target, API.draft, API.models, API.generation.draft, slots=API.slots)
-    with serve_in_background(create_app(API, pair, own=True)) as url:
+    with serve_in_background(create_app(API, pair)) as url:
         yield url
 
 

@@ -94,7 +94,7 @@ def test_prompt_text_is_tokenized_off_the_event_loop(tiny_target, monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(type(tokenizer), "encode", encode)
-    app = create_app(ServerSettings(target="tiny:0", drafter="off"), Pair(tiny_target))
+    app = create_app(ServerSettings(target="tiny:0", drafter="off"), Pair(tiny_target).fork())
     body = {"model": "tiny:0", "max_tokens": 2, "temperature": 0}
     with serve_in_background(app) as url:
         raw = httpx.post(f"{url}/v1/completions", json={**body, "prompt": "Once upon"}, timeout=60)
@@ -108,7 +108,7 @@ def test_prompt_text_is_tokenized_off_the_event_loop(tiny_target, monkeypatch):
 def test_a_text_longer_than_the_context_could_hold_is_refused_from_its_size(tiny_target, monkeypatch):
     tokenizer = tiny_target.tokenizer
     monkeypatch.setattr(type(tokenizer), "encode", lambda *a, **k: pytest.fail("tokenized a hopeless prompt"))
-    app = create_app(ServerSettings(target="tiny:0", drafter="off", max_context=64), Pair(tiny_target))
+    app = create_app(ServerSettings(target="tiny:0", drafter="off", max_context=64), Pair(tiny_target).fork())
     with serve_in_background(app) as url:
         answer = httpx.post(
             f"{url}/v1/completions", json={"model": "tiny:0", "max_tokens": 2, "prompt": "a" * 100_000}, timeout=60

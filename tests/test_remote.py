@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 
 import httpx
 import numpy as np
@@ -19,10 +20,11 @@ from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.config import DraftConfig, GenerationConfig, GrammarSpec, SamplingConfig
 from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal
 from draftwise.engine import SpeculativeEngine, autoregressive
+from draftwise.errors import SlotsFullError
 from draftwise.grammar import GRAMMAR
 from draftwise.lm import drive
 from draftwise.remote.client import RemoteTarget, RemoteVerifierError, connect
-from draftwise.remote.protocol import decode_verify_response, encode_verify_request, tokenizer_fingerprint
+from draftwise.remote.protocol import OpenSession, decode_verify_response, encode_verify_request, tokenizer_fingerprint
 from draftwise.remote.server import create_app
 from draftwise.remote.settings import ClientSettings, VerifierSettings
 from draftwise.target import LocalTarget
@@ -40,7 +42,7 @@ def target_lm(tiny_target):
 
 
 def _server(target_lm, **overrides):
-    return serve_in_background(create_app(VerifierSettings(target="tiny:0", **overrides), lm=target_lm))
+    return serve_in_background(create_app(VerifierSettings(target="tiny:0", **overrides), lm=target_lm.fork()))
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +204,62 @@ def test_a_session_not_yet_verified_is_evicted_last(target_lm):
         # With every slot unverified, the least recently used goes after all.
         newer = _open(http), _open(http)
         assert _verify(http, newest).status_code == 404 and _verify(http, newer[1]).status_code == 200
+
+
+class Slotted:
+    """A model whose forks take slots of a fixed pool and give them back when dropped, as
+    llama.cpp's sequences of one context do (``LlamaCppModel.fork``)."""
+
+    def __init__(self, lm, free: list[int]) -> None:
+        self.lm = lm
+        self.free = free  # the pool's free slots, shared by the model and its forks
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def fork(self) -> Slotted:
+        if not self.free:
+            raise SlotsFullError("all 2 slots of tiny:0's context are in use")
+        fork = Slotted(self.lm.fork(), self.free)
+        weakref.finalize(fork, self.free.append, self.free.pop())
+        return fork
+
+
+def test_a_session_past_the_slots_evicts_one_that_is_not_verifying(target_lm):
+    free = [1]  # two slots: the loaded model's and one more
+    app = create_app(VerifierSettings(target="tiny:0", max_sessions=8), lm=Slotted(target_lm.fork(), free))
+    with serve_in_background(app) as base, httpx.Client(base_url=base) as http:
+        first, second = _open(http), _open(http)
+        assert free == []  # the first session runs on the loaded model itself, the second on a fork
+        assert _verify(http, first).status_code == 200
+        third = _open(http)  # no slot is free: evicts first, the least recently used verified one
+        assert _verify(http, first).status_code == 404
+        assert _verify(http, second).status_code == 200 and _verify(http, third).status_code == 200
+        assert http.get("/health").json()["sessions"] == 2
+        http.delete(f"/v1/sessions/{second}").raise_for_status()
+        assert free == [1]  # the fork's slot came back with it
+        _open(http)  # takes the slot the closed session gave back, evicting nobody
+        assert _verify(http, third).status_code == 200
+
+
+def test_a_session_past_the_slots_while_each_verifies_is_a_503(target_lm):
+    from draftwise.remote.server import VerifierError, VerifierService
+
+    service = VerifierService(VerifierSettings(target="tiny:0"), Slotted(target_lm.fork(), [1]))
+    try:
+        request = OpenSession(prompt=[1, 2, 3], sampling=SamplingConfig(temperature=0))
+        held = [service.open(request).session_id for _ in range(2)]
+        for session_id in held:  # each in a verify, as far as the table can tell
+            service._sessions[session_id].lock.acquire()
+        with pytest.raises(VerifierError, match="all 2 slots .* each in a verify now") as refused:
+            service.open(request)
+        assert refused.value.status == 503 and refused.value.headers == {"Retry-After": "1"}
+        assert service.session_count == 2  # nobody was evicted mid-verify
+        service._sessions[held[0]].lock.release()
+        assert service.open(request).session_id not in held  # the idle one made room
+        assert service.session_count == 2 and held[1] in service._sessions
+    finally:
+        service.scheduler.close()
 
 
 def test_idle_sessions_expire_without_traffic(target_lm):

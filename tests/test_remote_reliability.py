@@ -40,7 +40,7 @@ PATIENT = ClientSettings(reconnect_s=600)
 
 
 def _app(lm, **overrides):
-    return create_app(VerifierSettings(target=lm.name, **overrides), lm=lm)
+    return create_app(VerifierSettings(target=lm.name, **overrides), lm=lm.fork())
 
 
 def _sessions(base: str) -> int:

@@ -46,6 +46,15 @@ class IncompatibleModelsError(DraftwiseError, ValueError):
     """The draft's tokenizer differs from the target's; the message names the difference."""
 
 
+class SlotsFullError(DraftwiseError):
+    """Every sequence (slot) of a model's batched context is taken: one stream more than the
+    model was loaded for. A server sizes its slots at start, so this is its capacity, not the
+    user's input."""
+
+    exit_code = 1
+    status = 503
+
+
 class TargetError(DraftwiseError):
     """The target cannot take the next step of a generation under way (a remote verifier
     refused or went away); the message says why.

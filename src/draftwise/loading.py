@@ -127,10 +127,11 @@ def load_pair(
 
     A draft named like the target is a fork of it: the same weights with a cache of its own,
     a draft that is always right (a check of the loop, and a way to measure its overhead).
-    ``slots``: see ``load_lm``.
+    ``slots``: streams run at once, see ``load_lm``; a fork-draft takes a slot of the
+    target's context beside each of them.
     """
     options = options or ModelOptions()
-    target_lm = load_lm(target, options, log=log, slots=slots)
+    target_lm = load_lm(target, options, log=log, slots=slots * 2 if draft == target else slots)
     if draft is None:
         return target_lm, None
     return target_lm, load_draft(target_lm, target, draft, options, log=log, slots=slots)

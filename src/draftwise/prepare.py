@@ -39,6 +39,11 @@ class Pair:
     draft: LanguageModel | None = None
     profile: CostProfile | None = None
 
+    def fork(self) -> Pair:
+        """The same pair on sequences of its own (the weights shared, empty caches), for a
+        caller that hands a pair to an app and goes on using this one."""
+        return Pair(self.target.fork(), None if self.draft is None else self.draft.fork(), self.profile)
+
 
 def recommended(target: str) -> tuple[str | None, DrafterKind]:
     """(draft model, drafter) the registry recommends for ``target``: its packaged draft with
@@ -86,15 +91,13 @@ def prepare_pair(
     drafting: DraftConfig | None,
     *,
     slots: int = 1,
-    spare_slots: int = 0,
     log: Log | None = None,
 ) -> Pair:
     """Load ``target`` and ``draft`` (None: the target alone), check that they share a
     tokenizer, warm them up and calibrate the cost policy (see ``prepare``).
 
-    ``slots``: streams that run at once, batched on llama.cpp (see ``load_pair``);
-    ``spare_slots``: slots loaded beyond those, for a caller that keeps the loaded models idle
-    and gives every stream a fork of them (a Ray replica, a verifier).
+    ``slots``: streams that run at once, batched on llama.cpp (see ``load_pair``): the
+    loaded models and ``slots - 1`` forks of them.
     """
-    target_lm, draft_lm = load_pair(target, draft, options, log=log, slots=slots + spare_slots)
+    target_lm, draft_lm = load_pair(target, draft, options, log=log, slots=slots)
     return prepare(target_lm, draft_lm, drafting, slots=slots, log=log)

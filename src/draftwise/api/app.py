@@ -566,18 +566,18 @@ def _add_status_routes(app: FastAPI, service: _Service) -> None:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def create_app(settings: ServerSettings, pair: Pair, *, own: bool = False) -> FastAPI:
-    """Build the server's web parts over a pair prepared for it (``draftwise.prepare``: loaded,
-    warmed up, its costs measured for the cost policy); nothing is loaded here. Each of the
-    ``settings.slots`` workers forks the pair's models (shared weights, KV caches of their own),
-    so the given models stay the caller's; with ``own``, the first worker takes them themselves
-    (a pair loaded with ``settings.slots`` slots for this app, see ``prepare_pair``)."""
+def create_app(settings: ServerSettings, pair: Pair) -> FastAPI:
+    """Build the server's web parts over a pair prepared for it (``draftwise.prepare``: loaded
+    with ``settings.slots`` slots, warmed up, its costs measured for the cost policy); nothing
+    is loaded here. The app takes the pair's models: the first of the ``settings.slots``
+    workers runs on them, each other one on forks of them (shared weights, KV caches of their
+    own). A caller that goes on using its models hands over ``pair.fork()``."""
     from draftwise import __version__
 
     if pair.target.tokenizer is None:
         raise ModelLoadError(f"the target model {settings.target!r} has no tokenizer; the server needs one")
     metrics = ServerMetrics()
-    workers = build_workers(pair.target, pair.draft, settings.slots, pair.profile, own=own)
+    workers = build_workers(pair.target, pair.draft, settings.slots, pair.profile)
     pool = WorkerPool(workers, settings.queue_size, settings.request_timeout, metrics)
     service = _Service(settings, pair.target, pair.draft is not None, pool, metrics, workers[0].grammars)
 

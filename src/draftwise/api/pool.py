@@ -85,16 +85,14 @@ def build_workers(
     draft: LanguageModel | None,
     count: int,
     profile: CostProfile | None = None,
-    *,
-    own: bool = False,
 ) -> list[Worker]:
-    """``count`` workers over the weights of ``target`` and ``draft``: forks, so the given
-    models' own caches stay the caller's; with ``own``, the first worker takes the given
-    models themselves (a model loaded with N slots then serves N workers, see ``load_pair``).
-    They share one copy of ``profile``."""
+    """``count`` workers over the weights of ``target`` and ``draft``: the first takes the
+    given models themselves, the others forks of them, so a model loaded with N slots serves
+    N workers (``load_pair``; on llama.cpp a fork past the slots is refused). A caller that
+    keeps using its models hands over forks. They share one copy of ``profile``."""
 
     def fork(lm: LanguageModel | None, i: int) -> LanguageModel | None:
-        return lm if lm is None or (own and i == 0) else lm.fork()
+        return lm if lm is None or i == 0 else lm.fork()
 
     through = text_bridge(target.tokenizer, draft)  # forks share their models' tokenizers
     grammars = grammars_of(target)

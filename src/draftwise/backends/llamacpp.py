@@ -2,8 +2,9 @@
 low-level API, behind the ``LanguageModel`` seam.
 
 The weights are the file itself (memory-mapped, quantized as it is: no dequantization, no
-float32 copy), loaded once per process and shared: each sequence (``fork``) is a llama.cpp
-context of its own, with its own KV cache, over the same ``llama_model``. A forward pass is
+float32 copy), loaded once per process and shared: each sequence (``fork``) is a slot of one
+llama.cpp context loaded for a fixed number of them, with its own cells of the KV cache, over
+the same ``llama_model``. A forward pass is
 one ``llama_decode`` over a batch that asks for scores only at the positions the caller
 needs; the scores come back as a view of llama.cpp's own buffer (no copy); rollback is
 ``llama_memory_seq_rm``.
@@ -33,7 +34,7 @@ import torch
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.backends.llamacpp_batch import ROWS, Batcher, Decoder, Request
 from draftwise.config import ModelOptions
-from draftwise.errors import ContextLengthError, ModelLoadError
+from draftwise.errors import ContextLengthError, ModelLoadError, SlotsFullError
 from draftwise.lm import Forward, PassInfo
 from draftwise.registry import derived_path
 
@@ -226,11 +227,16 @@ class LlamaCppModel:
 
     def fork(self) -> LlamaCppModel:
         """A new sequence over the same weights: a free slot of this context, batched with
-        the others, or else a context of its own; nothing is loaded again."""
+        the others; nothing is loaded again. ``SlotsFullError`` when every slot is taken: a
+        context serves the streams it was loaded for (``load_lm(slots=...)``), never a
+        context of its own beside it, whose passes would run apart from everybody's."""
         seq = self.batcher.claim()
-        if seq is not None:
-            return LlamaCppModel(self.batcher, seq)
-        return LlamaCppModel(Batcher(self.weights, self.n_ctx, 1, self.threads), 0)
+        if seq is None:
+            raise SlotsFullError(
+                f"all {self.batcher.slots} slots of {self.name}'s context are in use: it was loaded for "
+                f"{self.batcher.slots} streams at once"
+            )
+        return LlamaCppModel(self.batcher, seq)
 
     def reset(self) -> None:
         self.tokens = []  # the cache is cut at the next pass's start (see Batcher.step)

@@ -99,6 +99,16 @@ class BenchConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _other_drafts_are_other_models(self) -> BenchConfig:
+        # A draft named like the target is a fork of it: a slot of the target's context, which
+        # the bench loads for the one draft it pairs with the target (``load_pair``).
+        if self.target in self.other_drafts:
+            raise ValueError(
+                f"--other-drafts names the target {self.target}, which drafts for itself only as --draft {self.target}"
+            )
+        return self
+
     @property
     def needs_draft_model(self) -> bool:
         return any(m in METHODS_WITH_DRAFT_MODEL for m in self.methods)

@@ -106,11 +106,11 @@ def _serve_here(settings: ServerSettings) -> None:
     from draftwise.prepare import prepare_pair
 
     note(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...")
-    # Loaded with the app's slots and handed over (own): each worker takes one of them.
+    # Loaded with the app's slots and handed over: each worker takes one of them.
     pair = prepare_pair(
         settings.target, settings.draft, settings.models, settings.generation.draft, slots=settings.slots, log=note
     )
-    server = create_app(settings, pair, own=True)
+    server = create_app(settings, pair)
     note(
         f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
         f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)"

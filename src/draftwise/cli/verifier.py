@@ -81,9 +81,8 @@ def _serve_here(settings: VerifierSettings) -> None:
     from draftwise.prepare import prepare_pair
     from draftwise.remote.server import create_app
 
-    # One slot more than batched sessions: the loaded model itself stays idle. Nothing drafts
-    # here, so nothing is calibrated.
-    pair = prepare_pair(settings.target, None, settings.models, None, slots=settings.slots, spare_slots=1, log=note)
+    # A slot for each session held at once. Nothing drafts here, so nothing is calibrated.
+    pair = prepare_pair(settings.target, None, settings.models, None, slots=settings.slots, log=note)
     verifier = create_app(settings, pair.target)
     warn_if_exposed(settings.host, settings.api_key)
     note(f"draftwise verifier: {settings.target} on http://{settings.host}:{settings.port} (API docs at /docs)")

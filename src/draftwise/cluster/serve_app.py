@@ -71,16 +71,14 @@ class ApiReplica(FleetReplica):
 
         super().__init__()
         self.settings = settings
-        # Prepared as a plain `serve` prepares it (warmed up, the cost policy calibrated), with
-        # one slot more than the app's workers: these models stay the replica's own, and each
-        # worker forks one of the other slots.
+        # Prepared as a plain `serve` prepares it (warmed up, the cost policy calibrated) and
+        # handed to the app once it is built: a slot for each of its workers.
         self.pair = prepare_pair(
             settings.target,
             settings.draft,
             settings.models,
             settings.generation.draft,
             slots=settings.slots,
-            spare_slots=1,
             log=replica_log,
         )
         self.registry: Any = None

@@ -81,10 +81,8 @@ class VerifierReplica(FleetReplica):
 
         super().__init__()
         self.settings = settings
-        # As a plain serve-verifier prepares it: a slot more than batched sessions, idle itself.
-        pair = prepare_pair(
-            settings.target, None, settings.models, None, slots=settings.slots, spare_slots=1, log=replica_log
-        )
+        # As a plain serve-verifier prepares it: a slot for each session held at once.
+        pair = prepare_pair(settings.target, None, settings.models, None, slots=settings.slots, log=replica_log)
         self.lm = pair.target
 
         async def hold(session_id: str) -> str:

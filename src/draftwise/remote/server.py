@@ -3,7 +3,8 @@
 Each session is a ``LocalTarget`` over the one loaded model (the weights are shared, each
 session has its own cache), seeded exactly as the local engine seeds its target, so a
 remote run makes the same decisions as a local one: the verification code is the local code.
-On llama.cpp the first ``slots`` sessions are sequences of one context. Every session's
+On llama.cpp each session is a sequence (a slot) of one context loaded for ``slots``
+sessions, and a session opened beyond them evicts one that is not verifying. Every session's
 prefill and verify pass runs in the service's ``Scheduler``: the passes of sessions served at
 the same time go into one ``llama_decode`` per round.
 
@@ -38,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from draftwise.config import GenerationConfig, GrammarSpec, SamplingConfig
 from draftwise.drafters import Proposal
 from draftwise.engine import grammars_of, seeded_generators
-from draftwise.errors import DraftwiseError, validation_message
+from draftwise.errors import DraftwiseError, SlotsFullError, validation_message
 from draftwise.grammar import Constraint, GrammarError, Triggered
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import (
@@ -110,6 +111,7 @@ class VerifierService:
         self.max_context = min(settings.max_context, lm.max_context or settings.max_context)
         self.grammars = grammars_of(lm)  # compiles the grammars sessions bring (structured output)
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
+        self._held: weakref.ref[LocalTarget] | None = None  # the target on ``lm`` itself, while one lives
         self._lock = threading.Lock()
         self.hits = 0  # verifies that found their session here
         self.misses = 0  # verifies for a session not held here (its client re-opens it)
@@ -165,7 +167,7 @@ class VerifierService:
             self._expire_locked(time.monotonic())
             while len(self._sessions) >= self.settings.max_sessions:
                 self._evict_locked()
-            target = LocalTarget(self.lm.fork())
+            target = self._target_locked()
         # The prefill runs outside the table's lock: other sessions verify meanwhile.
         started = time.perf_counter()
         target_generator, _ = seeded_generators(request.sampling.seed)
@@ -204,15 +206,38 @@ class VerifierService:
             raise VerifierError(422, str(exc)) from None
         return constraint
 
-    def _evict_locked(self) -> None:
+    def _target_locked(self) -> LocalTarget:
+        """A target for a new session: on the loaded model itself while no session holds it,
+        else on a fork of it. Where every slot holds a session (llama.cpp: the context was
+        loaded for ``settings.slots``), sessions not verifying now are evicted, least recently
+        used first, until one comes free; where each is verifying, a 503 the client retries.
+        A session's slot goes back with its target (``LlamaCppModel.fork``)."""
+        while True:
+            if self._held is None or self._held() is None:
+                self.lm.reset()
+                target = LocalTarget(self.lm)
+                self._held = weakref.ref(target)
+                return target
+            try:
+                return LocalTarget(self.lm.fork())
+            except SlotsFullError as exc:
+                if not self._evict_locked(idle=True):
+                    raise VerifierError(
+                        503, f"{exc}, each in a verify now: retry shortly", {"Retry-After": "1"}
+                    ) from None
+
+    def _evict_locked(self, *, idle: bool = False) -> bool:
         """Drop the least recently used session that has served a verify, or else the least
-        recently used one. With more active clients than slots, plain LRU could evict a session
-        before its first verify: its prefill wasted, its client (reopening after an eviction)
-        failing again. Sparing those, every session opened gets to verify at least once."""
-        victim = next((sid for sid, session in self._sessions.items() if session.verified), None)
-        if victim is None:
-            victim = next(iter(self._sessions))
+        recently used one (``idle``: of those not verifying now); False when there is none.
+        With more active clients than slots, plain LRU could evict a session before its first
+        verify: its prefill wasted, its client (reopening after an eviction) failing again.
+        Sparing those, every session opened gets to verify at least once."""
+        held = [(sid, session) for sid, session in self._sessions.items() if not (idle and session.lock.locked())]
+        if not held:
+            return False
+        victim = next((sid for sid, session in held if session.verified), held[0][0])
         del self._sessions[victim]
+        return True
 
     def close(self, session_id: str) -> None:
         with self._lock:
@@ -510,7 +535,7 @@ def create_app(
     settings: VerifierSettings, lm: LanguageModel | None = None, *, service: VerifierService | None = None
 ) -> FastAPI:
     """Build the verifier's web parts over a loaded target ``lm`` (``draftwise.prepare``: loaded
-    with a slot more than ``settings.slots``, see ``serve-verifier``), or over a ``service`` on
+    with ``settings.slots`` slots, see ``serve-verifier``; the sessions take them), or over a ``service`` on
     its own model (a fleet replica's, see ``draftwise.cluster.verifier``); nothing is loaded here.
 
     Open without a key: ``/health`` (for probes) and the API's description (``/docs``,

@@ -31,8 +31,8 @@ class VerifierSettings(BaseModel):
         4,
         ge=1,
         le=256,
-        description="sessions whose verify passes are batched into one (on llama.cpp: sequences of one context); "
-        "sessions beyond run passes of their own",
+        description="sessions whose verify passes are batched into one (on llama.cpp: sequences of one context, "
+        "one a session; a session opened beyond them evicts one that is not verifying)",
     )
     idle_timeout_s: float = Field(
         300.0, gt=0, description="a session unused this long is closed (its client is presumed gone)"
