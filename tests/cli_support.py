@@ -37,6 +37,21 @@ def run_cli(*args: str, timeout: float = 600.0, env: dict[str, str] | None = Non
     )
 
 
+def run_cli_here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``draftwise ARGS`` run in this process by typer's test runner, answered as ``run_cli``
+    answers: for what a command says of its arguments before it loads anything, without a new
+    interpreter's imports each time. An exception the command lets out is raised here (the
+    real command would print its traceback), so that it fails the test."""
+    from typer.testing import CliRunner
+
+    from draftwise.cli import build_app
+
+    result = CliRunner().invoke(build_app(), list(args), env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
 def wait_until_ready(process: subprocess.Popen, url: str, log: Path, timeout: float, expect: str | None = None) -> None:
     """Poll ``url`` until it answers 200 (and its body holds ``expect``); fail with the log if
     the process exits first or time runs out."""

@@ -1,4 +1,5 @@
-"""The CLI through its real entry point, in a subprocess, on tiny models."""
+"""The CLI through its real entry point, in a subprocess, on tiny models (the refusals of bad
+arguments in this process, see ``run_cli_here``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 
 from draftwise.backends.tiny import tiny_lm
 from draftwise.cli.generate import _interruptible
+
+from cli_support import run_cli_here
 
 ENTRY = Path(sys.executable).with_name("draftwise")
 
@@ -84,8 +87,11 @@ def lossy_tokenizer_model(tmp_path_factory) -> Path:
     ],
 )
 def test_user_mistakes_are_one_line_errors(home, args, fragment):
+    # In this process: each is refused before anything is loaded (the tests below run the
+    # installed command itself, whose errors pass the same one-line printer).
     prompt = [] if "--file" in args else ["hello"]
-    assert_one_line_error(run("generate", *prompt, *args, home=home), fragment)
+    done = run_cli_here("generate", *prompt, *args, env={"DRAFTWISE_HOME": str(home)})
+    assert_one_line_error(done, fragment)
 
 
 def test_a_draft_of_another_vocabulary_drafts_through_text(home, odd_tokenizer_model):

@@ -51,7 +51,7 @@ from draftwise.loadbench.stats import (
     tokens_of,
 )
 
-from cli_support import cli_server, run_cli
+from cli_support import cli_server, run_cli, run_cli_here
 from real_support import SMOL, llama_cpp_bin, llama_program_missing, needs, needs_smol
 
 # --- statistics ------------------------------------------------------------------------------
@@ -512,7 +512,7 @@ def test_draftwise_without_prediction_is_the_same_server():
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, message):
-    done = run_cli("load", *args, "--out", str(tmp_path), env={"DRAFTWISE_HOME": str(tmp_path / "home")})
+    done = run_cli_here("load", *args, "--out", str(tmp_path), env={"DRAFTWISE_HOME": str(tmp_path / "home")})
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], done.stderr
@@ -573,15 +573,22 @@ def test_a_tiny_run_through_the_cli_reports_and_resumes(tmp_path):
     assert _records(out) == before  # finished runs are not measured again
 
 
-def test_edit_tasks_through_draftwise_with_and_without_their_prediction(tmp_path):
-    edits = tmp_path / "edits.jsonl"
-    files = ["def f(x):\n    return x + 1\n", "LIMIT = 3\n\n\ndef g(y):\n    return y * LIMIT\n"]
+def _edit_tasks(folder: Path, *files: str) -> Path:
+    """Code edits as ``benchmarks/data/code_edit.jsonl`` has them, one a file: the file to edit
+    in the turn, and as the prediction."""
     rows = [
         {"id": f"e{i}", "subtask": "code_edit", "turns": [f"Rename it.\n\n```python\n{file}```"]}
         | {"prediction": f"```python\n{file}```"}
         for i, file in enumerate(files)
     ]
+    edits = folder / "edits.jsonl"
     edits.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return edits
+
+
+def test_edit_tasks_through_draftwise_with_and_without_their_prediction(tmp_path):
+    files = ["def f(x):\n    return x + 1\n", "LIMIT = 3\n\n\ndef g(y):\n    return y * LIMIT\n"]
+    edits = _edit_tasks(tmp_path, *files)
     out = tmp_path / "run"
     servers = "draftwise,draftwise-noprediction"
     args = ["--target", "tiny:0", "--servers", servers, "--code", "none", "--data", "none", "--edit", str(edits)]
@@ -642,9 +649,10 @@ def test_smollm2_through_draftwise_and_llama_server_with_and_without_speculation
 def test_smollm2_code_edits_through_draftwise_and_the_n_gram_llama_servers(tmp_path):
     servers = ["draftwise", "draftwise-noprediction", "llama-server-ngram-simple", "llama-server-ngram-mod"]
     args = ["--target", SMOL, "--servers", ",".join(servers), "--llama-cpp-bin", str(llama_cpp_bin())]
-    args += ["--code", "none", "--data", "none", "--edit", str(EDIT), "--limit", "1", "--max-tokens", "8"]
-    # One client: the prediction's counts are the point here; the runs at 2 clients are the
-    # other tests' (a whole file's prompt per server and level is most of this test's time).
+    # A short file, not one of the benchmark's: each server prefills it, and the prediction's
+    # counts are the point here. One client: the runs at 2 clients are the other tests'.
+    edits = _edit_tasks(tmp_path, "def total(items):\n    return sum(i.price for i in items)\n")
+    args += ["--code", "none", "--data", "none", "--edit", str(edits), "--limit", "1", "--max-tokens", "8"]
     summary = _load(tmp_path, *args, "--threads", "2", "--context", "2048", levels="1")
     _check_run(tmp_path, summary, servers, 1, levels=(1,))
     accepted = {row["server"]: row["accepted_prediction_tokens"] for row in summary["rows"]}
