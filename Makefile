@@ -37,9 +37,14 @@ lint: setup
 # are in the cache. Tests of llama.cpp's own programs run once `make llama-cpp-bin` has
 # built them (found under build/, or at $DRAFTWISE_LLAMA_CPP_BIN) and skip before that;
 # DRAFTWISE_STRICT_TESTS=1 (set by .ci/run) turns any such skip into a failure.
+# Two runs. The tests on tiny models, each on one core, take two workers (pytest-xdist, each
+# file whole on one, see tests/conftest.py). The real-model tests run their passes on both
+# cores, so they run alone after them: two of them at once would put four llama.cpp threads,
+# which wait for each other, on two cores.
 test: setup lint
 	$(BIN)/draftwise pull smollm2-135m gemma3-270m -q
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow" -n 2
+	$(BIN)/python -m pytest -q -m slow
 
 # llama.cpp's own programs, for the bench's llamacpp-spec anchor (`draftwise bench --llama-cpp-bin
 # DIR`): built once from the llama-cpp-python sdist pinned in constraints.txt, under build/;

@@ -10,7 +10,9 @@ slow test.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
+from typing import Any
 
 import pytest
 import torch
@@ -34,6 +36,32 @@ def pytest_runtest_makereport(
     report = yield
     fail_strict_skip(item, report)
     return report
+
+
+# The files that start a local Ray: one Ray at a time on this machine, so one worker takes both.
+RAY_FILES = ("tests/test_ray.py", "tests/test_ray_cli.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist (``make test``'s run of the tests on tiny models), torch's operations
+    # keep to one thread a worker: two workers of two threads each on two cores wait on each
+    # other's threads. The commands a test starts keep their own settings.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each file whole on one worker, so that its module fixtures (a server, a model) are built
+    once; the Ray files on the same one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return RAY_FILES[0] if path in RAY_FILES else path
+
+    return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")
