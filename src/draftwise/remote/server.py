@@ -232,10 +232,10 @@ class VerifierService:
         With more active clients than slots, plain LRU could evict a session before its first
         verify: its prefill wasted, its client (reopening after an eviction) failing again.
         Sparing those, every session opened gets to verify at least once."""
-        held = [(sid, session) for sid, session in self._sessions.items() if not (idle and session.lock.locked())]
-        if not held:
+        candidates = [(sid, s) for sid, s in self._sessions.items() if not (idle and s.lock.locked())]
+        if not candidates:
             return False
-        victim = next((sid for sid, session in held if session.verified), held[0][0])
+        victim = next((sid for sid, session in candidates if session.verified), candidates[0][0])
         del self._sessions[victim]
         return True
 
