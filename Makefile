@@ -38,13 +38,14 @@ lint: setup
 # built them (found under build/, or at $DRAFTWISE_LLAMA_CPP_BIN) and skip before that;
 # DRAFTWISE_STRICT_TESTS=1 (set by .ci/run) turns any such skip into a failure.
 # Two runs. The tests on tiny models, each on one core, take two workers (pytest-xdist, each
-# file whole on one, see tests/conftest.py). The real-model tests run their passes on both
-# cores, so they run alone after them: two of them at once would put four llama.cpp threads,
-# which wait for each other, on two cores.
+# file whole on one, see tests/conftest.py), with the real-model tests that keep to one thread
+# (marked one_core). The other real-model tests run their passes on both cores, so they run
+# alone after them: two of them at once would put four llama.cpp threads, which wait for each
+# other, on two cores.
 test: setup lint
 	$(BIN)/draftwise pull smollm2-135m gemma3-270m -q
-	$(BIN)/python -m pytest -q -m "not slow" -n 2
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m "not slow or one_core" -n 2
+	$(BIN)/python -m pytest -q -m "slow and not one_core"
 
 # llama.cpp's own programs, for the bench's llamacpp-spec anchor (`draftwise bench --llama-cpp-bin
 # DIR`): built once from the llama-cpp-python sdist pinned in constraints.txt, under build/;

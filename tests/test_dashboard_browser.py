@@ -93,6 +93,7 @@ def open_page(url: str, height: int) -> Iterator:
             browser.close()
 
 
+@pytest.mark.one_core  # tiny models on one thread
 def test_tokens_of_every_provenance_class_show_up(dashboard: str, artifacts: Path) -> None:
     with open_page(dashboard, height=2300) as page:
         assert page.get_by_text("serving tiny:0, draft tiny:0").is_visible()

@@ -74,9 +74,9 @@ def _probe(name: str, target: Path, draft: Path, threads: int = 2) -> dict[str, 
 @needs_patched
 # Each file type and each thread count once (a pairwise cover, not all four pairs): a probe is
 # mostly its 2,000-token prefill under --exact, the longest part of the suite.
-@pytest.mark.parametrize(("file", "threads"), [("q4_k_m", 2), ("shipped", 1)])
-def test_a_positions_scores_are_the_same_alone_and_in_blocks_of_2_to_16(smol, smol_q4_k, file, threads):
-    target = smol_q4_k if file == "q4_k_m" else smol
+@pytest.mark.parametrize(("file", "threads"), [("q4_k_m", 2), pytest.param("shipped", 1, marks=pytest.mark.one_core)])
+def test_a_positions_scores_are_the_same_alone_and_in_blocks_of_2_to_16(request, smol, file, threads):
+    target = request.getfixturevalue("smol_q4_k") if file == "q4_k_m" else smol
     result = _probe("rows", target, smol, threads)
     assert result["compared"] == 3 * sum(range(2, 17))
     assert result["differences"] == []
@@ -126,6 +126,7 @@ def test_a_llama_cpp_without_the_patches_is_named(tmp_path, monkeypatch):
 
 @needs_smol_on_llama_cpp
 @needs_patched
+@pytest.mark.one_core
 def test_exact_is_fixed_per_process_and_refuses_file_types_it_does_not_cover(smol, tmp_path):
     script = (
         "import sys\n"

@@ -13,10 +13,12 @@ import pytest
 from cli_support import cli_server, run_cli, stop
 from real_support import PROMPT, SMOL, needs_llama_cpp, needs_smol, require_module
 
-pytestmark = [pytest.mark.slow, needs_smol]
+pytestmark = [pytest.mark.slow, pytest.mark.one_core, needs_smol]
 openai = require_module("openai")
 
-GREEDY = ["--max-new-tokens", "24", "--temperature", "0", "--ignore-eos"]
+# One thread in every command (the one_core mark): these tests run beside the tests on tiny models.
+ONE = ["--threads", "1"]
+GREEDY = ["--max-new-tokens", "24", "--temperature", "0", "--ignore-eos", *ONE]
 # Each test runs on both backends. On hf, float32 weights are packed for oneDNN (what `--dtype
 # auto` picks on most CPUs; the layout the servers once crashed on), pinned so the test covers
 # it whatever this CPU would pick.
@@ -29,7 +31,7 @@ backends = pytest.mark.parametrize(
 
 @backends
 def test_serve_answers_the_openai_client_and_stops_cleanly(tmp_path, backend):
-    args = ["serve", "--target", SMOL, "--drafter", "ngram", "--threads", "2", *backend]
+    args = ["serve", "--target", SMOL, "--drafter", "ngram", *ONE, *backend]
     with cli_server(args, "/health", tmp_path / "serve.log") as (url, process):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
         chat = client.chat.completions.create(
@@ -58,7 +60,7 @@ def test_remote_verifier_gives_the_local_greedy_text(tmp_path, backend):
         "generate", PROMPT, "--target", SMOL, "--draft", SMOL, "--draft-quant", "none", "--json", *backend, *GREEDY
     )
     assert local.returncode == 0, local.stderr
-    args = ["serve-verifier", "--target", SMOL, "--threads", "2", *backend]
+    args = ["serve-verifier", "--target", SMOL, *ONE, *backend]
     with cli_server(args, "/health", tmp_path / "verifier.log") as (url, _process):
         remote = run_cli(
             "generate",
@@ -96,14 +98,14 @@ def test_a_prediction_drafts_locally_and_through_a_verifier(tmp_path):
     result = json.loads(local.stdout)
     assert result["tokens"] == expected["tokens"] and result["compare"]["identical"]
     assert result["metrics"]["kept_by_source"]["prediction"] >= 32
-    args = ["serve-verifier", "--target", SMOL, "--threads", "2", "--backend", "llamacpp", "--exact"]
+    args = ["serve-verifier", "--target", SMOL, *ONE, "--backend", "llamacpp", "--exact"]
     with cli_server(args, "/health", tmp_path / "verifier.log") as (url, _process):
         remote = run_cli(
             "generate", PROMPT, "--target", SMOL, *greedy, "--prediction", str(prediction), "--verifier", url
         )
     assert remote.returncode == 0, remote.stderr
     assert json.loads(remote.stdout)["tokens"] == expected["tokens"]
-    missing = run_cli("generate", PROMPT, "--target", SMOL, "--prediction", str(tmp_path / "nowhere.txt"))
+    missing = run_cli("generate", PROMPT, "--target", SMOL, *ONE, "--prediction", str(tmp_path / "nowhere.txt"))
     assert missing.returncode == 2 and "cannot read prediction file" in missing.stderr
     assert "Traceback" not in missing.stderr
 
@@ -127,7 +129,7 @@ def test_a_json_schema_constrains_the_real_model_and_its_keys_are_drafted(tmp_pa
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(schema))
     prompt = "Describe Paris as a JSON record."
-    greedy = ["--backend", "llamacpp", "--exact", "--drafter", "ngram", "--json", "--chat", "--temperature", "0"]
+    greedy = ["--backend", "llamacpp", "--exact", "--drafter", "ngram", "--json", "--chat", "--temperature", "0", *ONE]
     result = run_cli(
         "generate", prompt, "--target", SMOL, *greedy, "--max-new-tokens", "96", "--json-schema", str(path), "--compare"
     )
@@ -139,5 +141,5 @@ def test_a_json_schema_constrains_the_real_model_and_its_keys_are_drafted(tmp_pa
     assert set(record) == set(schema["properties"]) and isinstance(record["capital"], bool)
     assert answer["metrics"]["kept_by_source"]["grammar"] >= 8  # the four keys, their quotes and colons
     path.write_text('{"type": "objet"}')
-    bad = run_cli("generate", prompt, "--target", SMOL, "--json-schema", str(path))
+    bad = run_cli("generate", prompt, "--target", SMOL, *ONE, "--json-schema", str(path))
     assert bad.returncode == 2 and "invalid JSON schema" in bad.stderr and "Traceback" not in bad.stderr

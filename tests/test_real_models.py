@@ -20,7 +20,7 @@ from draftwise.registry import REGISTRY, model_path
 from hf_support import load_hf_model
 from real_support import PROMPT, SMOL, needs_smol
 
-pytestmark = [pytest.mark.slow, needs_smol]
+pytestmark = [pytest.mark.slow, pytest.mark.one_core, needs_smol]
 ENTRY = REGISTRY[SMOL]
 
 

@@ -328,12 +328,14 @@ def test_open_session_bodies_are_bounded_by_max_context_before_parsing(tiny_targ
 
 
 @pytest.mark.slow
+@pytest.mark.one_core
 @needs_smol
 def test_ngram_through_a_real_verifier_gives_the_local_text_and_leaves_no_session(tmp_path):
     greedy = ["--max-new-tokens", "24", "--temperature", "0", "--ignore-eos", "--drafter", "ngram", "--json"]
+    greedy += ["--threads", "1"]
     local = run_cli("generate", REAL_PROMPT, "--target", SMOL, *greedy)
     assert local.returncode == 0, local.stderr
-    args = ["serve-verifier", "--target", SMOL, "--threads", "2"]
+    args = ["serve-verifier", "--target", SMOL, "--threads", "1"]
     with cli_server(args, "/health", tmp_path / "verifier.log") as (url, _process):
         # No --target: only the tokenizer of the model the verifier names loads here.
         remote = run_cli("generate", REAL_PROMPT, "--verifier", url, *greedy)
