@@ -21,6 +21,7 @@ config.json and the tokenizer, 11 MB); then, on the CUDA machine::
 
     python3 benchmarks/cuda_h200/probe.py --configs CONFIGS
     python3 benchmarks/cuda_h200/probe.py CONFIGS OUT.json
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 benchmarks/cuda_h200/probe.py CONFIGS OUT.json --deterministic
 """
 
 from __future__ import annotations
@@ -171,18 +172,23 @@ def write_configs(configs: Path) -> None:
             tokenizer.save_pretrained(configs / "qwen_tokenizer")
 
 
-def main(configs: Path, out: Path) -> None:
+def main(configs: Path, out: Path, deterministic: bool = False) -> None:
+    """Every measurement; with ``deterministic`` (torch's deterministic algorithms, which
+    cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` for), the 1.5B bfloat16 ones again."""
+    torch.use_deterministic_algorithms(deterministic)
     report: dict = {
         "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
         "torch": torch.__version__,
+        "deterministic_algorithms": deterministic,
         "new_tokens": NEW_TOKENS,
         "context_for_curve": CONTEXT,
     }
-    for name, dtype in (("qwen1.5b", torch.bfloat16), ("qwen0.5b", torch.bfloat16), ("qwen1.5b", torch.float32)):
+    curves = (("qwen1.5b", torch.bfloat16), ("qwen0.5b", torch.bfloat16), ("qwen1.5b", torch.float32))
+    for name, dtype in curves[:1] if deterministic else curves:
         lm = random_model(configs, name, dtype)
         report[f"curve {name} {str(dtype).removeprefix('torch.')}"] = curve(lm)
         del lm
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in (torch.bfloat16,) if deterministic else (torch.bfloat16, torch.float32):
         target, draft = random_model(configs, "qwen1.5b", dtype), random_model(configs, "qwen0.5b", dtype)
         report[f"engine {str(dtype).removeprefix('torch.')}"] = engine_runs(target, draft)
         del target, draft
@@ -194,4 +200,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--configs":
         write_configs(Path(sys.argv[2]))
     else:
-        main(Path(sys.argv[1]), Path(sys.argv[2]))
+        main(Path(sys.argv[1]), Path(sys.argv[2]), deterministic="--deterministic" in sys.argv[3:])
