@@ -9,7 +9,7 @@ import torch
 
 from draftwise import DraftConfig, GenerationConfig, ModelDrafter, SamplingConfig, SpeculativeEngine, autoregressive
 from draftwise.backends.hf import HFModel
-from draftwise.backends.hf_loading import memory_bytes, pick_dtype
+from draftwise.backends.hf_loading import choose_dtype, memory_bytes, pick_dtype
 from draftwise.backends.quant import DRAFT_PACK_ROWS, TARGET_PACK_ROWS, PackedLinear, can_pack
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.chat import ChatTemplateError, PromptError, encode_prompt
@@ -120,6 +120,25 @@ def test_auto_dtype_is_measured_once_and_cached(home):
     again, why_again = pick_dtype()
     assert again == dtype and "cached in" in why_again
     assert (home / "dtype.json").is_file()
+
+
+def test_exact_keeps_a_target_in_float32_and_refuses_bfloat16(home, tmp_path):
+    exact, auto = ModelOptions(exact=True), ModelOptions()
+    assert choose_dtype(exact, "cuda", draft=False) == ("float32", "--exact: float32")
+    assert choose_dtype(ModelOptions(exact=True, dtype="float32"), "cpu", draft=False) == ("float32", None)
+    assert choose_dtype(auto, "cuda", draft=False) == ("bfloat16", "auto dtype on cuda: bfloat16")
+    # A draft's precision cannot change the output: --exact leaves it alone.
+    assert choose_dtype(ModelOptions(exact=True, dtype="bfloat16"), "cuda", draft=True) == ("bfloat16", None)
+    with pytest.raises(ModelLoadError, match="--exact runs the hf backend's target in float32"):
+        choose_dtype(ModelOptions(exact=True, dtype="bfloat16"), "cpu", draft=False)
+    # Through the loader, on a model folder.
+    lm = tiny_lm(3)
+    lm.model.save_pretrained(tmp_path / "m")
+    lm.tokenizer.hf.save_pretrained(tmp_path / "m")
+    folder = str(tmp_path / "m")
+    assert load_lm(folder, ModelOptions(exact=True, dtype="auto")).model.dtype == torch.float32
+    with pytest.raises(ModelLoadError, match="drop --dtype bfloat16 or --exact"):
+        load_lm(folder, ModelOptions(exact=True, dtype="bfloat16"))
 
 
 def padded(lm: HFModel, extra: int) -> HFModel:

@@ -77,7 +77,7 @@ class ModelOptions(_Strict):
         False,
         description="llamacpp: every row of a pass computed as in one-token decoding, whatever else the pass "
         "holds, so that speculative and batched output is bit-identical to plain decoding; prompts are "
-        "processed more slowly (docs/exactness.md); hf: so on CPU in float32 (on CUDA, benchmarks/cuda_h200)",
+        "processed more slowly (docs/exactness.md); hf: the target in float32 (bfloat16 is refused)",
     )
 
 

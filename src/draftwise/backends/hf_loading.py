@@ -185,6 +185,25 @@ def _device(options: ModelOptions) -> str:
     return options.device
 
 
+def choose_dtype(options: ModelOptions, device: str, draft: bool) -> tuple[str, str | None]:
+    """The dtype a model loads in, and why where it was not given.
+
+    ``--exact`` keeps a target in float32: in bfloat16 a verified block can score a position
+    otherwise than one-token decoding and pick another token (measured on CUDA,
+    ``benchmarks/cuda_h200``). A draft's precision cannot change the output, so it is left alone.
+    """
+    if options.exact and not draft:
+        if options.dtype == "bfloat16":
+            raise ModelLoadError(
+                "--exact runs the hf backend's target in float32: in bfloat16 a verified block can pick "
+                "another token than one-token decoding; drop --dtype bfloat16 or --exact"
+            )
+        return "float32", None if options.dtype == "float32" else "--exact: float32"
+    if options.dtype != "auto":
+        return options.dtype, None
+    return ("bfloat16", "auto dtype on cuda: bfloat16") if device == "cuda" else pick_dtype()
+
+
 def load_hf(
     source: str,
     location: Path | str,
@@ -224,9 +243,8 @@ def load_hf(
             raise ModelLoadError(f"tiny model source must be 'tiny:SEED', got {source!r}") from exc
         return _with_weight_formats(tiny_lm(seed), quantize, bool(pack) and device == "cpu", rows, log)
 
-    dtype: str = options.dtype
-    if dtype == "auto":
-        dtype, why = ("bfloat16", "auto dtype on cuda: bfloat16") if device == "cuda" else pick_dtype()
+    dtype, why = choose_dtype(options, device, draft)
+    if why:
         log(why)
     torch_dtype = getattr(torch, dtype)
     _quiet_transformers()
