@@ -124,15 +124,15 @@ def run(engine: SpeculativeEngine, prompt: list[int], prediction: str | None = N
     started = time.perf_counter()
     result = engine.generate(prompt, config)
     seconds = time.perf_counter() - started
-    drafted = sum(len(e.proposed) for e in result.events)
+    metrics = result.metrics
     return {
         "tokens": result.tokens,
         "seconds": seconds,
         "tok_s": len(result.tokens) / seconds,
-        "passes": len(result.events),
-        "drafted": drafted,
-        "accepted": sum(e.n_accepted for e in result.events),
-        "longest_block": max((len(e.proposed) for e in result.events), default=0),
+        "passes": metrics.target_passes,
+        "drafted": metrics.proposed,
+        "accepted": metrics.accepted,
+        "longest_block": len(metrics.proposed_at),
     }
 
 
