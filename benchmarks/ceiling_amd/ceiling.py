@@ -1,0 +1,207 @@
+"""How fast could any lossless method decode the structured tasks on this host, drafting only
+what is known before the target speaks? A bound from this host's pass costs, not a run.
+
+For each task (a JSON-schema extraction or a tool call, `benchmarks/data/*.jsonl`) it
+1. decodes the answer with the target alone under the task's grammar (greedy, token by token:
+   the output every lossless method must give), and times a one-row pass on the way;
+2. marks what an oracle drafter could know at each position without the model: a token the
+   grammar forces there (`compute_ff_tokens` from the state after the tokens before it), or a
+   token that continues a copy from the context (prompt and answer so far) whose previous token
+   matches the context's (prompt lookup with a match of one token, the oracle picking the best
+   occurrence: more than any n-gram drafter gets);
+3. cuts the answer into target passes as cheaply as the measured pass curve allows: a pass feeds
+   the last token and a block of known tokens and gains the target's token after them, so from
+   position i a pass over b known tokens costs T(b + 1) and moves to i + b + 1 (a dynamic
+   programme over the answer, every block accepted).
+
+The bound is (tokens after the first) over that time, against the same tokens at a one-row pass
+each (T(1), llama.cpp's one-token decoding with the same kernels). The drafting itself is taken
+as free. A draft model's tokens are left out: on this host its token costs a third of the
+target's step and a verified row most of one, so no draft model pays here (README).
+
+    python benchmarks/ceiling_amd/ceiling.py benchmarks/data/extraction.jsonl --out extraction.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from draftwise.api import schemas as s
+from draftwise.api.translate import encode_chat, grammar_spec
+from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
+from draftwise.drafters import NGramDrafter
+from draftwise.engine import SpeculativeEngine
+from draftwise.lm import LanguageModel, Tokenizer
+from draftwise.loading import load_lm
+from draftwise.prepare import prepare
+
+MAX_ROWS = 64  # the largest pass timed (the verifier's blocks stay below it)
+REPEATS = 3  # each size's time is the fastest of this many passes
+# The copy oracles: 0 drafts forced tokens only; N also copies after a match of N tokens.
+MATCHES = (0, 3, 1)
+
+
+class Engines(NamedTuple):
+    plain: SpeculativeEngine  # the target alone: token-by-token constrained decoding
+    ngram: SpeculativeEngine  # the grammar's forced text and n-gram lookup, with the cost policy
+
+
+def curve(lm: LanguageModel, context: list[int], block: list[int]) -> dict[int, float]:
+    """Seconds of a pass scoring all of its ``n`` rows after ``context``, for n = 1 .. MAX_ROWS."""
+    lm.reset()
+    lm.forward(context, last=1)
+    times = {}
+    for n in range(1, MAX_ROWS + 1):
+        best = float("inf")
+        for _ in range(REPEATS):
+            started = time.perf_counter()
+            lm.forward(block[:n], last=n)
+            best = min(best, time.perf_counter() - started)
+            lm.rollback(len(context))
+        times[n] = best
+    lm.reset()
+    return times
+
+
+def forced_flags(engine: SpeculativeEngine, config: GenerationConfig, answer: list[int]) -> list[bool]:
+    """Whether the grammar forces each token of ``answer`` given the tokens before it."""
+    assert engine.grammars is not None and config.grammar is not None
+    constraint = engine.grammars.constraint(config.grammar)
+    flags = []
+    for token in answer:
+        forced = constraint.forced()
+        flags.append(bool(forced) and forced[0] == token)
+        constraint.commit([token])
+    return flags
+
+
+def copy_lengths(prompt: list[int], answer: list[int], match: int) -> list[int]:
+    """For each position j of ``answer``: the longest run answer[j:j+L] that follows, somewhere in
+    the context before j, an occurrence of the ``match`` tokens just before j."""
+    lengths = []
+    for j in range(len(answer)):
+        context = prompt + answer[:j]
+        last, best = context[-match:], 0
+        for p in range(match, len(context)):
+            if context[p - match : p] != last:
+                continue
+            n = 0
+            while j + n < len(answer) and p + n < len(context) and context[p + n] == answer[j + n]:
+                n += 1
+            best = max(best, n)
+        lengths.append(best)
+    return lengths
+
+
+def known_runs(forced: list[bool], copies: list[int]) -> list[int]:
+    """For each position, how many tokens from it on an oracle could draft (forced, or copied,
+    in any chain of the two)."""
+    n = len(forced)
+    far = list(range(n + 1))  # far[i]: the furthest position reachable from i through known tokens
+    for i in range(n - 1, -1, -1):
+        reach = far[i + 1] if forced[i] else i
+        for m in range(1, copies[i] + 1):
+            reach = max(reach, far[i + m])
+        far[i] = reach
+    return [far[i] - i for i in range(n)]
+
+
+def cheapest(runs: list[int], times: dict[int, float]) -> tuple[float, int]:
+    """(seconds, passes) of the cheapest cut of the answer into passes (see the module)."""
+    n = len(runs)
+    cost: list[tuple[float, int]] = [(0.0, 0)] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        options = []
+        for b in range(0, min(runs[i], n - 1 - i, MAX_ROWS - 1) + 1):
+            rest, passes = cost[i + b + 1]
+            options.append((times[b + 1] + rest, passes + 1))
+        cost[i] = min(options)
+    return cost[0]
+
+
+def decode_seconds(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig) -> tuple[list[int], float]:
+    """(tokens, seconds after the prompt's prefill) of one generation: every target pass that
+    made tokens, the first included (a block of forced text can ride in it)."""
+    tokens: list[int] = []
+    started, prefill, last = time.perf_counter(), 0.0, 0.0
+    for event in engine.stream(prompt, config):
+        last = time.perf_counter()
+        prefill = prefill or event.prefill_seconds
+        tokens.extend(event.tokens)
+    return tokens, last - started - prefill
+
+
+def request_of(row: dict[str, Any], tokenizer: Tokenizer) -> tuple[list[int], GenerationConfig]:
+    """The prompt and config a server makes of the task's chat request (its template, its grammar)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": row["turns"][0]}], "max_tokens": 256}
+    body |= {k: row[k] for k in ("response_format", "tools", "tool_choice", "parallel_tool_calls") if k in row}
+    request = s.ChatCompletionRequest.model_validate(body)
+    return encode_chat(request, tokenizer, None), GenerationConfig(max_new_tokens=256, grammar=grammar_spec(request))
+
+
+def one_task(engines: Engines, tokenizer: Tokenizer, row: dict[str, Any], times: dict[int, float]) -> dict:
+    prompt, config = request_of(row, tokenizer)
+    answer, plain = decode_seconds(engines.plain, prompt, config)
+    drafted, seconds = decode_seconds(engines.ngram, prompt, config)
+    forced = forced_flags(engines.plain, config, answer)
+    task: dict[str, Any] = {"id": row["id"], "tokens": len(answer), "forced": sum(forced)}
+    task["forced_runs"] = [len(run) for run in "".join("F" if f else "." for f in forced).split(".") if run]
+    task["one_row_seconds"] = round(len(answer) * times[1], 4)
+    task["plain_decode_seconds"], task["ngram_decode_seconds"] = round(plain, 4), round(seconds, 4)
+    task["ngram_identical"] = drafted == answer
+    for match in MATCHES:
+        copies = copy_lengths(prompt, answer, match) if match else [0] * len(answer)
+        seconds, passes = cheapest(known_runs(forced, copies), times)
+        task[f"copyable_{match}"] = sum(1 for f, c in zip(forced, copies) if not f and c > 0)
+        task[f"oracle_seconds_{match}"], task[f"oracle_passes_{match}"] = round(seconds, 4), passes
+    return task
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("tasks", type=Path)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--limit", type=int, default=24)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in args.tasks.read_text().splitlines() if line.strip()][: args.limit]
+    lm = load_lm(args.target, ModelOptions(threads=2, context=4096))
+    pair = prepare(lm, None, DraftConfig())  # warmed up, the cost policy's pass times measured (cached)
+    engines = Engines(
+        SpeculativeEngine.from_models(lm), SpeculativeEngine.from_models(lm, NGramDrafter(), pair.profile)
+    )
+    assert lm.tokenizer is not None
+    context, config = request_of(rows[0], lm.tokenizer)
+    for engine in engines:  # warm-up: the first task once each, not counted
+        decode_seconds(engine, context, config)
+    times = curve(lm, context[:1024], (context * 2)[:MAX_ROWS])
+    tasks = [one_task(engines, lm.tokenizer, row, times) for row in rows]
+    after, plain = sum(t["tokens"] for t in tasks), sum(t["one_row_seconds"] for t in tasks)
+    summary: dict[str, Any] = {"tasks": len(tasks), "tokens": sum(t["tokens"] for t in tasks)}
+    summary |= {"forced": sum(t["forced"] for t in tasks), "context_tokens_timed_after": len(context)}
+    runs = sorted(n for t in tasks for n in t["forced_runs"])
+    summary["forced_runs"] = {"count": len(runs), "median": runs[len(runs) // 2], "longest": runs[-1]}
+    summary["forced_runs"]["tokens_in_runs_of_15_or_more"] = sum(n for n in runs if n >= 15)
+    summary["one_row_tok_s"] = round(after / plain, 2)
+    for name in ("plain", "ngram"):
+        summary[f"{name}_decode_tok_s"] = round(after / sum(t[f"{name}_decode_seconds"] for t in tasks), 2)
+    summary["ngram_identical"] = sum(t["ngram_identical"] for t in tasks)
+    for match in MATCHES:
+        oracle = sum(t[f"oracle_seconds_{match}"] for t in tasks)
+        summary[f"oracle_{match}"] = {
+            "copyable": sum(t[f"copyable_{match}"] for t in tasks),
+            "passes": sum(t[f"oracle_passes_{match}"] for t in tasks),
+            "tok_s": round(after / oracle, 2),
+            "over_one_row": round(plain / oracle, 3),
+        }
+    summary["pass_ms"] = {n: round(1000 * t, 1) for n, t in times.items()}
+    args.out.write_text(json.dumps({"summary": summary, "tasks": tasks}, indent=1) + "\n")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
