@@ -31,11 +31,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from draftwise.api import schemas as s
-from draftwise.api.translate import encode_chat, grammar_spec
+from draftwise.api.translate import encode_chat, encode_completion, grammar_spec
+from draftwise.cli.options import built
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
-from draftwise.lm import LanguageModel, Tokenizer
+from draftwise.lm import LanguageModel
+from draftwise.loadbench.config import LoadConfig
+from draftwise.loadbench.prompts import STRUCTURED_FIELDS, load_prompts
 from draftwise.loading import load_lm
 from draftwise.prepare import prepare
 
@@ -69,7 +72,9 @@ def curve(lm: LanguageModel, context: list[int], block: list[int]) -> dict[int, 
 
 def forced_flags(engine: SpeculativeEngine, config: GenerationConfig, answer: list[int]) -> list[bool]:
     """Whether the grammar forces each token of ``answer`` given the tokens before it."""
-    assert engine.grammars is not None and config.grammar is not None
+    if config.grammar is None:
+        return [False] * len(answer)
+    assert engine.grammars is not None
     constraint = engine.grammars.constraint(config.grammar)
     flags = []
     for token in answer:
@@ -123,34 +128,58 @@ def cheapest(runs: list[int], times: dict[int, float]) -> tuple[float, int]:
     return cost[0]
 
 
-def decode_seconds(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig) -> tuple[list[int], float]:
-    """(tokens, seconds after the prompt's prefill) of one generation: every target pass that
-    made tokens, the first included (a block of forced text can ride in it)."""
+def decode_seconds(
+    engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig
+) -> tuple[list[int], float, float]:
+    """(tokens, seconds after the prompt's prefill, the prefill's seconds) of one generation:
+    every target pass that made tokens, the first included (a block of forced text can ride
+    in it)."""
     tokens: list[int] = []
     started, prefill, last = time.perf_counter(), 0.0, 0.0
     for event in engine.stream(prompt, config):
         last = time.perf_counter()
         prefill = prefill or event.prefill_seconds
         tokens.extend(event.tokens)
-    return tokens, last - started - prefill
+    return tokens, last - started - prefill, prefill
 
 
-def request_of(row: dict[str, Any], tokenizer: Tokenizer) -> tuple[list[int], GenerationConfig]:
-    """The prompt and config a server makes of the task's chat request (its template, its grammar)."""
-    body = {"model": "m", "messages": [{"role": "user", "content": row["turns"][0]}], "max_tokens": 256}
-    body |= {k: row[k] for k in ("response_format", "tools", "tool_choice", "parallel_tool_calls") if k in row}
+def request_of(row: dict[str, Any], lm: LanguageModel) -> tuple[list[int], GenerationConfig]:
+    """The prompt and config a server makes of the task's request (its chat template, its
+    grammar); a row with a ``body`` is one of `draftwise load`'s prompts, sent as it sends it."""
+    body = row.get("body") or {"model": "m", "messages": [{"role": "user", "content": row["turns"][0]}]}
+    body = {"max_tokens": 256} | body | {k: row[k] for k in STRUCTURED_FIELDS if k in row}
+    tokenizer = lm.tokenizer
+    assert tokenizer is not None
+    if "prompt" in body:
+        completion = s.CompletionRequest.model_validate(body)
+        ids = encode_completion(completion, tokenizer, lm.vocab_size, False, None)
+        return ids, GenerationConfig(max_new_tokens=body["max_tokens"])
     request = s.ChatCompletionRequest.model_validate(body)
-    return encode_chat(request, tokenizer, None), GenerationConfig(max_new_tokens=256, grammar=grammar_spec(request))
+    config = GenerationConfig(max_new_tokens=body["max_tokens"], grammar=grammar_spec(request))
+    return encode_chat(request, tokenizer, None), config
 
 
-def one_task(engines: Engines, tokenizer: Tokenizer, row: dict[str, Any], times: dict[int, float]) -> dict:
-    prompt, config = request_of(row, tokenizer)
-    answer, plain = decode_seconds(engines.plain, prompt, config)
-    drafted, seconds = decode_seconds(engines.ngram, prompt, config)
+def read_tasks(source: str, limit: int) -> list[dict[str, Any]]:
+    """The structured tasks of a JSONL file, or with ``load:SUBTASKS`` the prompts `draftwise load`
+    sends for those subtasks (128 tokens each, as it asks)."""
+    if not source.startswith("load:"):
+        rows = [json.loads(line) for line in Path(source).read_text().splitlines() if line.strip()]
+        return rows[:limit]
+    subtasks = tuple(source.removeprefix("load:").split(","))
+    config = built(LoadConfig, servers=("draftwise",), limit=limit, subtasks=subtasks)
+    bodies = [(p.id, p.body("m", 128)) for p in load_prompts(config)]
+    return [{"id": id_, "body": {k: v for k, v in body.items() if not k.startswith("stream")}} for id_, body in bodies]
+
+
+def one_task(engines: Engines, lm: LanguageModel, row: dict[str, Any], times: dict[int, float]) -> dict:
+    prompt, config = request_of(row, lm)
+    answer, plain, prefill = decode_seconds(engines.plain, prompt, config)
+    drafted, seconds, _ = decode_seconds(engines.ngram, prompt, config)
     forced = forced_flags(engines.plain, config, answer)
     task: dict[str, Any] = {"id": row["id"], "tokens": len(answer), "forced": sum(forced)}
     task["forced_runs"] = [len(run) for run in "".join("F" if f else "." for f in forced).split(".") if run]
     task["one_row_seconds"] = round(len(answer) * times[1], 4)
+    task["plain_prefill_seconds"] = round(prefill, 4)
     task["plain_decode_seconds"], task["ngram_decode_seconds"] = round(plain, 4), round(seconds, 4)
     task["ngram_identical"] = drafted == answer
     for match in MATCHES:
@@ -161,32 +190,17 @@ def one_task(engines: Engines, tokenizer: Tokenizer, row: dict[str, Any], times:
     return task
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("tasks", type=Path)
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--limit", type=int, default=24)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    rows = [json.loads(line) for line in args.tasks.read_text().splitlines() if line.strip()][: args.limit]
-    lm = load_lm(args.target, ModelOptions(threads=2, context=4096))
-    pair = prepare(lm, None, DraftConfig())  # warmed up, the cost policy's pass times measured (cached)
-    engines = Engines(
-        SpeculativeEngine.from_models(lm), SpeculativeEngine.from_models(lm, NGramDrafter(), pair.profile)
-    )
-    assert lm.tokenizer is not None
-    context, config = request_of(rows[0], lm.tokenizer)
-    for engine in engines:  # warm-up: the first task once each, not counted
-        decode_seconds(engine, context, config)
-    times = curve(lm, context[:1024], (context * 2)[:MAX_ROWS])
-    tasks = [one_task(engines, lm.tokenizer, row, times) for row in rows]
+def summarize(tasks: list[dict[str, Any]], times: dict[int, float], context: int) -> dict[str, Any]:
+    """The run's totals: tokens, forced runs, measured and oracle decode rates, and the same
+    end to end with the plain run's prefill (the same for every method)."""
     after, plain = sum(t["tokens"] for t in tasks), sum(t["one_row_seconds"] for t in tasks)
-    summary: dict[str, Any] = {"tasks": len(tasks), "tokens": sum(t["tokens"] for t in tasks)}
-    summary |= {"forced": sum(t["forced"] for t in tasks), "context_tokens_timed_after": len(context)}
-    runs = sorted(n for t in tasks for n in t["forced_runs"])
+    prefill = sum(t["plain_prefill_seconds"] for t in tasks)
+    summary: dict[str, Any] = {"tasks": len(tasks), "tokens": after, "forced": sum(t["forced"] for t in tasks)}
+    summary["context_tokens_timed_after"] = context
+    runs = sorted(n for t in tasks for n in t["forced_runs"]) or [0]
     summary["forced_runs"] = {"count": len(runs), "median": runs[len(runs) // 2], "longest": runs[-1]}
     summary["forced_runs"]["tokens_in_runs_of_15_or_more"] = sum(n for n in runs if n >= 15)
-    summary["one_row_tok_s"] = round(after / plain, 2)
+    summary["one_row_tok_s"], summary["prefill_seconds"] = round(after / plain, 2), round(prefill, 2)
     for name in ("plain", "ngram"):
         summary[f"{name}_decode_tok_s"] = round(after / sum(t[f"{name}_decode_seconds"] for t in tasks), 2)
     summary["ngram_identical"] = sum(t["ngram_identical"] for t in tasks)
@@ -197,8 +211,31 @@ def main() -> None:
             "passes": sum(t[f"oracle_passes_{match}"] for t in tasks),
             "tok_s": round(after / oracle, 2),
             "over_one_row": round(plain / oracle, 3),
+            "end_to_end_over_one_row": round((prefill + plain) / (prefill + oracle), 3),
         }
     summary["pass_ms"] = {n: round(1000 * t, 1) for n, t in times.items()}
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("tasks", help="a JSONL of structured tasks, or load:SUBTASK,... (`draftwise load`'s prompts)")
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--limit", type=int, default=24)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    rows = read_tasks(args.tasks, args.limit)
+    lm = load_lm(args.target, ModelOptions(threads=2, context=4096))
+    pair = prepare(lm, None, DraftConfig())  # warmed up, the cost policy's pass times measured (cached)
+    engines = Engines(
+        SpeculativeEngine.from_models(lm), SpeculativeEngine.from_models(lm, NGramDrafter(), pair.profile)
+    )
+    context, config = request_of(rows[0], lm)
+    for engine in engines:  # warm-up: the first task once each, not counted
+        decode_seconds(engine, context, config)
+    times = curve(lm, context[:1024], (context * 2)[:MAX_ROWS])
+    tasks = [one_task(engines, lm, row, times) for row in rows]
+    summary = summarize(tasks, times, len(context[:1024]))
     args.out.write_text(json.dumps({"summary": summary, "tasks": tasks}, indent=1) + "\n")
     print(json.dumps(summary))
 
