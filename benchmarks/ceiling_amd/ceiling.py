@@ -1,25 +1,26 @@
-"""How fast could any lossless method decode the structured tasks on this host, drafting only
-what is known before the target speaks? A bound from this host's pass costs, not a run.
+"""How fast could any lossless method decode these answers on this host, drafting only what is
+known before the target speaks? A bound from this host's pass costs, beside draftwise's own runs.
 
-For each task (a JSON-schema extraction or a tool call, `benchmarks/data/*.jsonl`) it
-1. decodes the answer with the target alone under the task's grammar (greedy, token by token:
-   the output every lossless method must give), and times a one-row pass on the way;
+For each task (a JSON-schema extraction or a tool call, `benchmarks/data/*.jsonl`, or with
+``load:SUBTASKS`` the prompts `draftwise load` sends) it
+1. decodes the answer with the target alone (under the task's grammar, token by token: the
+   output every lossless method must give), timed; then again with the grammar's forced text and
+   n-gram lookup under the cost policy (`NGramDrafter`), timed, and compares the tokens;
 2. marks what an oracle drafter could know at each position without the model: a token the
-   grammar forces there (`compute_ff_tokens` from the state after the tokens before it), or a
-   token that continues a copy from the context (prompt and answer so far) whose previous token
-   matches the context's (prompt lookup with a match of one token, the oracle picking the best
-   occurrence: more than any n-gram drafter gets);
-3. cuts the answer into target passes as cheaply as the measured pass curve allows: a pass feeds
-   the last token and a block of known tokens and gains the target's token after them, so from
-   position i a pass over b known tokens costs T(b + 1) and moves to i + b + 1 (a dynamic
-   programme over the answer, every block accepted).
+   grammar forces there (`compute_ff_tokens` in the state before it), or a token that continues
+   a copy from the context (prompt and answer so far) after a match of the ``N`` tokens before
+   it (``MATCHES``; the oracle picks the best occurrence, which no n-gram drafter knows);
+3. cuts the answer into target passes as cheaply as the pass curve timed here allows: a pass
+   feeds the last token and a block of known tokens and gains the target's token after them, so
+   from position i a pass over b known tokens costs T(b + 1) and moves to i + b + 1 (a dynamic
+   programme over the answer, every block accepted, drafting free).
 
-The bound is (tokens after the first) over that time, against the same tokens at a one-row pass
-each (T(1), llama.cpp's one-token decoding with the same kernels). The drafting itself is taken
-as free. A draft model's tokens are left out: on this host its token costs a third of the
-target's step and a verified row most of one, so no draft model pays here (README).
+Rates are every token of the answer over the time after the prompt's prefill; the oracle's
+against the same tokens at T(1) each (one-token decoding on the same kernels), and end to end
+with the plain run's prefill added to both sides.
 
     python benchmarks/ceiling_amd/ceiling.py benchmarks/data/extraction.jsonl --out extraction.json
+    python benchmarks/ceiling_amd/ceiling.py load:rag --limit 8 --out rag.json
 """
 
 from __future__ import annotations
