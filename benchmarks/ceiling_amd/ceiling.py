@@ -218,13 +218,18 @@ def summarize(tasks: list[dict[str, Any]], times: dict[int, float], context: int
     return summary
 
 
-def main() -> None:
+def task_arguments() -> argparse.ArgumentParser:
+    """The arguments this folder's scripts share: the tasks, the target, how many, where to write."""
     parser = argparse.ArgumentParser()
     parser.add_argument("tasks", help="a JSONL of structured tasks, or load:SUBTASK,... (`draftwise load`'s prompts)")
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--limit", type=int, default=24)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = task_arguments().parse_args()
     rows = read_tasks(args.tasks, args.limit)
     lm = load_lm(args.target, ModelOptions(threads=2, context=4096))
     pair = prepare(lm, None, DraftConfig())  # warmed up, the cost policy's pass times measured (cached)

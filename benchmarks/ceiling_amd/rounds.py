@@ -14,12 +14,10 @@ tokens. Prefill is left out on both sides (the same work for both servers).
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from ceiling import copy_lengths, curve, forced_flags, known_runs, read_tasks, request_of
+from ceiling import copy_lengths, curve, forced_flags, known_runs, read_tasks, request_of, task_arguments
 
 from draftwise.config import ModelOptions
 from draftwise.engine import SpeculativeEngine
@@ -63,12 +61,8 @@ def replay(answers: list[list[int]], clients: int, times: dict[int, float]) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("tasks", help="a JSONL of structured tasks, or load:SUBTASK,...")
+    parser = task_arguments()
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--limit", type=int, default=24)
-    parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     rows = read_tasks(args.tasks, args.limit)
     lm = load_lm(args.target, ModelOptions(threads=2, context=4096))
