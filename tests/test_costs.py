@@ -42,6 +42,23 @@ def test_time_passes_rolls_back_after_each_pass(tiny_target):
     assert tiny_target.tokens == []
 
 
+def test_time_passes_after_a_given_context_feeds_each_size_the_asked_times(tiny_target, monkeypatch):
+    fed: list[tuple[list[int], int | None]] = []
+    forward = tiny_target.forward
+
+    def recording(tokens, last=None):
+        fed.append((list(tokens), last))
+        return forward(tokens, last=last)
+
+    monkeypatch.setattr(tiny_target, "forward", recording)
+    times = time_passes(tiny_target, [1, 5], context=[3, 4], repeats=3)
+    assert sorted(times) == [1, 5] and all(seconds > 0 for seconds in times.values())
+    # The context, one warm-up row, then each size three times: a block longer than the
+    # context repeats the context's tokens.
+    assert fed == [([3, 4], 1), ([3], 1)] + [([3], 1)] * 3 + [([3, 4, 3, 4, 3], 5)] * 3
+    assert tiny_target.tokens == []
+
+
 def test_an_unwritable_cache_only_costs_measuring_again(tiny_target, tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,6 +34,7 @@ from draftwise.api import schemas as s
 from draftwise.api.translate import encode_chat, encode_completion, grammar_spec
 from draftwise.cli.options import built
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
+from draftwise.costs import time_passes
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.lm import LanguageModel
@@ -45,6 +45,14 @@ from draftwise.prepare import prepare
 
 MAX_ROWS = 64  # the largest pass timed (the verifier's blocks stay below it)
 REPEATS = 3  # each size's time is the fastest of this many passes
+
+
+def curve(lm: LanguageModel, context: list[int]) -> dict[int, float]:
+    """Seconds of a pass scoring all of its ``n`` rows after ``context`` (its first 1,024 tokens),
+    n = 1 .. MAX_ROWS, the fastest of REPEATS."""
+    return time_passes(lm, range(1, MAX_ROWS + 1), context[:1024], REPEATS)
+
+
 # The copy oracles: 0 drafts forced tokens only; N also copies after a match of N tokens.
 MATCHES = (0, 3, 1)
 
@@ -52,23 +60,6 @@ MATCHES = (0, 3, 1)
 class Engines(NamedTuple):
     plain: SpeculativeEngine  # the target alone: token-by-token constrained decoding
     ngram: SpeculativeEngine  # the grammar's forced text and n-gram lookup, with the cost policy
-
-
-def curve(lm: LanguageModel, context: list[int], block: list[int]) -> dict[int, float]:
-    """Seconds of a pass scoring all of its ``n`` rows after ``context``, for n = 1 .. MAX_ROWS."""
-    lm.reset()
-    lm.forward(context, last=1)
-    times = {}
-    for n in range(1, MAX_ROWS + 1):
-        best = float("inf")
-        for _ in range(REPEATS):
-            started = time.perf_counter()
-            lm.forward(block[:n], last=n)
-            best = min(best, time.perf_counter() - started)
-            lm.rollback(len(context))
-        times[n] = best
-    lm.reset()
-    return times
 
 
 def forced_flags(engine: SpeculativeEngine, config: GenerationConfig, answer: list[int]) -> list[bool]:
@@ -132,16 +123,12 @@ def cheapest(runs: list[int], times: dict[int, float]) -> tuple[float, int]:
 def decode_seconds(
     engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig
 ) -> tuple[list[int], float, float]:
-    """(tokens, seconds after the prompt's prefill, the prefill's seconds) of one generation:
-    every target pass that made tokens, the first included (a block of forced text can ride
-    in it)."""
-    tokens: list[int] = []
-    started, prefill, last = time.perf_counter(), 0.0, 0.0
-    for event in engine.stream(prompt, config):
-        last = time.perf_counter()
-        prefill = prefill or event.prefill_seconds
-        tokens.extend(event.tokens)
-    return tokens, last - started - prefill, prefill
+    """(tokens, seconds after the prompt's prefill, the prefill's seconds) of one generation, from
+    its metrics: every target pass that made tokens, the first included (a block of forced text
+    can ride in it)."""
+    result = engine.generate(prompt, config)
+    metrics = result.metrics
+    return result.tokens, metrics.total_seconds - metrics.prefill_seconds, metrics.prefill_seconds
 
 
 def request_of(row: dict[str, Any], lm: LanguageModel) -> tuple[list[int], GenerationConfig]:
@@ -239,7 +226,7 @@ def main() -> None:
     context, config = request_of(rows[0], lm)
     for engine in engines:  # warm-up: the first task once each, not counted
         decode_seconds(engine, context, config)
-    times = curve(lm, context[:1024], (context * 2)[:MAX_ROWS])
+    times = curve(lm, context)
     tasks = [one_task(engines, lm, row, times) for row in rows]
     summary = summarize(tasks, times, len(context[:1024]))
     args.out.write_text(json.dumps({"summary": summary, "tasks": tasks}, indent=1) + "\n")

@@ -17,17 +17,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ceiling import copy_lengths, curve, forced_flags, known_runs, read_tasks, request_of, task_arguments
+from ceiling import MAX_ROWS, copy_lengths, curve, forced_flags, known_runs, read_tasks, request_of, task_arguments
 
 from draftwise.config import ModelOptions
 from draftwise.engine import SpeculativeEngine
 from draftwise.loading import load_lm
 
-MAX_ROWS = 64  # the curve's last size; a round past it is priced on the line through its last two
-
 
 def price(times: dict[int, float], rows: int) -> float:
-    """T(rows) on the timed curve, extended as a line past its end."""
+    """T(rows) on the timed curve, extended past its end (MAX_ROWS) on the line through its last two."""
     if rows <= MAX_ROWS:
         return times[rows]
     slope = times[MAX_ROWS] - times[MAX_ROWS - 1]
@@ -76,7 +74,7 @@ def main() -> None:
         runs["forced"].append(known_runs(forced, [0] * len(answer)))
         runs["forced and copies after 3"].append(known_runs(forced, copy_lengths(prompt, answer, 3)))
     context, _ = request_of(rows[0], lm)
-    times = curve(lm, context[:1024], (context * 2)[:MAX_ROWS])
+    times = curve(lm, context)
     result: dict[str, Any] = {"clients": args.clients, "tasks": len(rows)}
     for name, answers in runs.items():
         result[name] = replay(answers, args.clients, times)

@@ -40,19 +40,23 @@ def _context(lm: LanguageModel) -> list[int]:
     return (ids * (CONTEXT // max(1, len(ids)) + 1))[:CONTEXT]
 
 
-def _fastest(run: Callable[[], None]) -> float:
+def _fastest(run: Callable[[], None], repeats: int = REPEATS) -> float:
     best = float("inf")
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         started = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - started)
     return best
 
 
-def time_passes(lm: LanguageModel, sizes: Sequence[int]) -> dict[int, float]:
-    """Seconds of a pass over ``n`` new tokens after ``CONTEXT`` tokens, for each ``n``."""
-    context = _context(lm)
-    block = context[: max(sizes)]
+def time_passes(
+    lm: LanguageModel, sizes: Sequence[int], context: Sequence[int] | None = None, repeats: int = REPEATS
+) -> dict[int, float]:
+    """Seconds of a pass scoring all of its ``n`` new tokens, for each ``n``, after ``context``
+    (``CONTEXT`` tokens of plain text by default): the fastest of ``repeats``. The new tokens
+    are the context's own, repeated as far as the largest size needs."""
+    context = list(context) if context is not None else _context(lm)
+    block = (context * (max(sizes) // len(context) + 1))[: max(sizes)]
     lm.reset()
     lm.forward(context, last=1)
 
@@ -61,7 +65,7 @@ def time_passes(lm: LanguageModel, sizes: Sequence[int]) -> dict[int, float]:
         lm.rollback(len(context))
 
     one(1)  # the first call pages weights in and picks kernels
-    times = {n: _fastest(functools.partial(one, n)) for n in sizes}
+    times = {n: _fastest(functools.partial(one, n), repeats) for n in sizes}
     lm.reset()
     return times
 
