@@ -86,9 +86,9 @@ def _error(response: httpx.Response, status: int) -> dict:
         ("/v1/completions", {**OK, "speculative": {"k": 30}}, "speculative", "must not exceed k_max"),
         (
             "/v1/completions",
-            {**OK, "speculative": {"noise_margin": -1}},
-            "speculative.noise_margin",
-            "greater than or equal to 0",
+            {**OK, "speculative": {"k_long": 0}},
+            "speculative.k_long",
+            "greater than or equal to 1",
         ),
         ("/v1/completions", {**OK, "speculative": {"drafter": "model"}}, "speculative.drafter", "no draft model"),
         ("/v1/completions", {**OK, "speculative": "yes"}, "speculative", "object"),

@@ -1,12 +1,17 @@
-"""Draft-length policies: the fixed rule, transformers' heuristic and the cost-aware choice."""
+"""Draft policies: the fixed rule, transformers' heuristic, and the cost policy that picks by
+measured expected tokens per second, tested in closed form and against simulated hosts."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from draftwise import DraftConfig
+from draftwise.lm import PassInfo
 from draftwise.policies import (
     PLAIN,
+    Acceptance,
     Choice,
     CostAwareK,
     CostProfile,
@@ -79,33 +84,200 @@ def test_expected_speedup_closed_form(alpha, k, c, expected):
     assert expected_speedup(alpha, k, c) == pytest.approx(expected)
 
 
-def feed(
-    policy: CostAwareK,
-    steps: int,
-    k: int,
-    accepted: int,
-    draft_token_s: float,
-    verify_s: float,
-    plain_s: float | None = None,
-    offer: Offer = MODEL,
-) -> None:
-    """``steps`` steps of draft length ``k``, after one plain step (``plain_s``, default
-    ``verify_s``) the way the policy starts."""
-    policy.update(step(0, verify_s=verify_s if plain_s is None else plain_s))
+# --- the cost policy ---------------------------------------------------------------------------
+
+# Pass times of the 1.5B target by rows (llama-bench -t 2, stock build), in ms: the two hosts
+# this project runs on. A 4-row pass costs 1.3 one-row passes on the first, 3.3 on the second.
+INTEL = {1: 63, 2: 87, 4: 81, 8: 147, 16: 167, 32: 287, 64: 517}
+AMD = {1: 29, 2: 51, 4: 94, 8: 182, 16: 199, 32: 358, 64: 639}
+LOOKUP = Offer("ngram", key="ngram:1", cost_hint=0.0)
+DRAFT_MODEL = Offer("model", passes=True)
+
+
+def host(curve_ms: dict[int, float], draft_ms: float | None = None, **config) -> CostAwareK:
+    """A cost policy that knows ``curve_ms`` (calibrated) and, given, a draft model's token cost."""
+    profile = CostProfile(pass_times=measured(curve_ms))
+    if draft_ms is not None:
+        profile.draft_token_seconds["model"] = draft_ms / 1000
+    return CostAwareK(DraftConfig(**{"k_max": 12, **config}), profile)
+
+
+def know(policy: CostAwareK, key: str, rates: list[float], blocks: int = 200) -> None:
+    """Give the policy's acceptance of ``key`` the record of ``blocks`` long blocks drafted by a
+    source that keeps position i with chance ``rates[i]`` (drawn, seeded)."""
+    draw = random.Random(7)
+    for _ in range(blocks):
+        kept = 0
+        while kept < len(rates) and draw.random() < rates[kept]:
+            kept += 1
+        policy.acceptance(key).add(len(rates), kept)
+
+
+def measured(curve_ms: dict[int, float]) -> PassTimes:
+    times = PassTimes()
+    for rows, ms in curve_ms.items():
+        times.add(rows, ms / 1000)
+    return times
+
+
+def true_rate(curve_ms: dict[int, float], rates: list[float], k: int, draft_ms: float = 0.0) -> float:
+    """Tokens per second of drafting ``k`` alone from a source with these true rates."""
+    times = measured(curve_ms)
+    reach, tokens = 1.0, 1.0
+    for rate in rates[:k]:
+        reach *= rate
+        tokens += reach
+    return tokens / (k * draft_ms / 1000 + times.at(k + 1))
+
+
+def simulate(policy, offer, rates, curve_ms, steps, draft_ms=0.0, seed=3, slow=1.0):
+    """Run ``steps`` choices on a simulated host: a block of k is kept position by position
+    with the true ``rates``, and takes the curve's time (times ``slow``: a host whose passes
+    cost more than the policy was told). Returns (the choices, seconds taken, tokens)."""
+    times = measured(curve_ms)
+    draw, seconds, tokens, ks = random.Random(seed), 0.0, 0, []
     for _ in range(steps):
-        policy.update(step(k, k, accepted, draft_token_s * k, verify_s, offer))
+        choice = policy.choose([offer], 10_000)
+        kept = 0
+        while kept < choice.k and draw.random() < rates[min(kept, len(rates) - 1)]:
+            kept += 1
+        verify = slow * times.at(choice.k + 1)
+        draft = choice.k * draft_ms / 1000
+        policy.update(Outcome(choice, choice.k, kept, draft, verify))
+        ks.append(choice.k)
+        seconds, tokens = seconds + draft + verify, tokens + kept + 1
+    return ks, seconds, tokens
 
 
-def next_k(policy: CostAwareK, offers=(MODEL,), remaining: int = 1000) -> int:
-    return policy.choose(list(offers), remaining).k
+def test_acceptance_by_position_closed_form():
+    counts = Acceptance()
+    counts.DECAY = 1.0  # no forgetting: the docstring's example
+    for kept in (4, 4, 1):
+        counts.add(4, kept)
+    assert counts.tried == [3, 3, 2, 2] and counts.kept == [3, 2, 2, 2]
+    assert counts.pooled() == pytest.approx(10 / 12)
+    rates = counts.rates(5)
+    assert rates[1] == pytest.approx((2 + 2 * 10 / 12) / 5)
+    assert rates[4] == rates[3] == pytest.approx((2 + 2 * 10 / 12) / 4)  # never reached: the last reached one's
+    assert counts.expected(2) == pytest.approx([1, 1 + rates[0], 1 + rates[0] + rates[0] * rates[1]])
+    assert Acceptance().rates(1) == [0.5]  # no evidence: even odds
+    assert Acceptance().rates(1, optimistic=True) == [0.95]  # at most the plausible best
 
 
-def test_cost_starts_with_one_plain_step_then_the_configured_k():
-    for k, first_draft in [(3, 3), (0, 1)]:
-        policy = CostAwareK(DraftConfig(k=k, k_max=8))
-        assert next_k(policy) == 0  # measures what drafting has to beat
-        policy.update(step(0, verify_s=0.3))
-        assert next_k(policy) == first_draft  # measures the draft's cost
+def test_acceptance_forgets_at_every_position_each_block():
+    counts = Acceptance()
+    counts.add(3, 3)
+    counts.add(3, 0)  # rejected at once: only position 0 reached, every position forgets
+    assert counts.tried == pytest.approx([1.7, 0.7, 0.7]) and counts.kept == pytest.approx([0.7, 0.7, 0.7])
+
+
+def test_the_docstrings_example_drafts_on_one_host_and_not_the_other():
+    fast_rows = host({1: 63, 5: 100}, draft_ms=12)
+    slow_rows = host({1: 29, 5: 110}, draft_ms=12)
+    for policy in (fast_rows, slow_rows):
+        know(policy, "model", [0.95] * 12, blocks=1)
+        policy.acceptance("model").tried = [1e6] * 4
+        policy.acceptance("model").kept = [0.95e6] * 4
+    assert fast_rows.arms(DRAFT_MODEL, 1000)[3].rate == pytest.approx(4.52 / 0.148, rel=1e-3)
+    assert slow_rows.arms(DRAFT_MODEL, 1000)[3].rate == pytest.approx(4.52 / 0.158, rel=1e-3)
+    assert fast_rows.plain().rate == pytest.approx(1 / 0.063) and slow_rows.plain().rate == pytest.approx(1 / 0.029)
+
+
+@pytest.mark.parametrize(("curve", "drafts"), [(INTEL, True), (AMD, False)])
+def test_a_draft_right_95_percent_of_the_time_drafts_on_intel_not_on_amd(curve, drafts):
+    # The 0.5B draft's token costs about a third of the 1.5B target's one-row pass on both.
+    policy = host(curve, draft_ms=curve[1] / 3)
+    know(policy, "model", [0.95] * 12)
+    choice = policy.choose([DRAFT_MODEL], 1000)
+    assert (choice.k > 0) is drafts
+    ks, _, _ = simulate(host(curve, draft_ms=curve[1] / 3), DRAFT_MODEL, [0.95], curve, 60, curve[1] / 3)
+    assert (sum(k > 0 for k in ks[-30:]) >= 25) is drafts  # found from nothing, by exploring
+
+
+@pytest.mark.parametrize(
+    ("curve", "rates"),
+    [
+        (INTEL, [0.9, 0.9, 0.9, 0.3, 0.3, 0.3]),  # right early in a block, wrong late
+        ({1: 30, 2: 40, 4: 46, 8: 140, 16: 150}, [0.8] * 16),
+        (AMD, [0.99] * 16),  # a copy: long blocks pay on the curve's flat stretch
+    ],
+)
+def test_a_simulated_host_gets_its_known_best_arm(curve, rates):
+    ks, _, _ = simulate(host(curve), LOOKUP, rates, curve, 300)
+    best = max(range(13), key=lambda k: true_rate(curve, rates, k) if k else 1000 / curve[1])
+    settled = max(set(ks[-100:]), key=ks[-100:].count)
+    assert true_rate(curve, rates, settled) >= 0.95 * true_rate(curve, rates, best)
+
+
+def test_a_drafter_that_turns_wrong_mid_answer_is_dropped_within_three_blocks():
+    policy = host(INTEL, draft_ms=21)
+    simulate(policy, DRAFT_MODEL, [0.95], INTEL, 50, 21)
+    assert policy.choose([DRAFT_MODEL], 1000).k > 0
+    ks, _, _ = simulate(policy, DRAFT_MODEL, [0.0], INTEL, 10, 21)
+    assert ks.index(0) <= 3 and ks[3:] == [0] * 7
+
+
+@pytest.mark.parametrize("curve", [INTEL, AMD])
+def test_the_guard_bounds_what_wrong_estimates_cost(curve):
+    # The passes really take twice what calibration said, and the lookup is right 40% of the
+    # time: every drafting step loses. Drafting costs at most the allowance of the run's time,
+    # the opening and one block more than plain decoding would have.
+    policy = host(curve)
+    ks, seconds, tokens = simulate(policy, LOOKUP, [0.4], curve, 400, slow=2.0)
+    plain = 2.0 * curve[1] / 1000
+    worst_block = 2.0 * measured(curve).at(13) - plain
+    bound = CostAwareK.ALLOWANCE * seconds + CostAwareK.OPENING * curve[1] / 1000 + worst_block
+    assert any(ks)  # it did draft (the estimates said it pays)
+    assert seconds - tokens * plain <= bound
+
+
+@pytest.mark.parametrize("curve", [INTEL, AMD])
+def test_a_hopeless_source_is_probed_only_as_fast_as_the_allowance_pays(curve):
+    ks, seconds, tokens = simulate(host(curve), LOOKUP, [0.0], curve, 500)
+    probes = sum(k > 0 for k in ks)
+    assert 0 < probes < len(ks) / 10
+    lost = seconds - tokens * curve[1] / 1000
+    assert lost <= CostAwareK.ALLOWANCE * seconds + CostAwareK.OPENING * curve[1] / 1000
+
+
+def test_no_probe_where_no_plausible_acceptance_could_pay():
+    # Every row costs the same 10 ms, beside other streams or not: a block of k rows emits
+    # fewer than k + 1 tokens at any acceptance below 1, so nothing is tried.
+    policy = host({n: 10 * n for n in (1, 2, 4, 8, 16, 32, 64)})
+    assert all(policy.choose([LOOKUP], 1000) == PLAIN for _ in range(20))
+    policy.others = 8
+    assert all(policy.choose([LOOKUP], 1000) == PLAIN for _ in range(20))
+
+
+def test_a_long_prompt_is_not_prefilled_into_a_draft_model_just_to_try_it():
+    policy = host(INTEL, draft_ms=5)
+    policy.profile.catchup_token_seconds["model"] = 0.002
+    assert policy.choose([Offer("model", behind=2000, passes=True)], 128) == PLAIN  # 4 s to find out
+    assert policy.choose([Offer("model", behind=20, passes=True)], 128).k > 0
+
+
+def test_a_catch_up_is_priced_over_a_few_steps_not_the_whole_budget():
+    policy = host(INTEL, draft_ms=5)
+    know(policy, "model", [0.95] * 12)
+    policy.profile.catchup_token_seconds["model"] = 0.01
+    policy.account = 100.0
+    assert policy.choose([Offer("model", behind=2000, passes=True)], 100_000) == PLAIN
+    assert policy.choose([Offer("model", behind=10, passes=True)], 100_000).k >= 4
+
+
+def test_costs_and_acceptance_carry_to_the_next_generation():
+    first = host(INTEL, draft_ms=21)
+    simulate(first, DRAFT_MODEL, [0.95], INTEL, 40, 21)
+    second = CostAwareK(DraftConfig(k_max=12), first.profile)
+    assert second.pass_times.at(1) == first.pass_times.at(1)
+    assert second.acceptance("model").rates(1)[0] > 0.8
+    assert second.acceptance("model") is not first.acceptance("model")  # each stream its own
+    assert second.choose([DRAFT_MODEL], 1000).k >= 2  # drafts at once
+
+
+@pytest.mark.parametrize(("name", "cls"), [("fixed", FixedK), ("heuristic", HeuristicK), ("cost", CostAwareK)])
+def test_make_policy(name, cls):
+    assert isinstance(make_policy(DraftConfig(k_policy=name)), cls)
 
 
 def test_pass_times_interpolate_between_measured_sizes_and_extend_the_last_segment():
@@ -118,246 +290,16 @@ def test_pass_times_interpolate_between_measured_sizes_and_extend_the_last_segme
     assert times.at(9) == pytest.approx(0.61 + 3 * 0.33 / 5)
     times.add(1, 0.38)  # a decayed mean per size
     assert times.at(1) == pytest.approx(0.7 * 0.28 + 0.3 * 0.38)
+    times.add(1, 5.0)  # a stall counts as twice the mean
+    assert times.at(1) == pytest.approx(0.7 * 0.31 + 0.3 * 0.62)
 
 
-def test_pass_times_noise_is_the_standard_error_of_a_sizes_decayed_mean():
-    times = PassTimes()
-    assert times.noise(4) == 0.0
-    times.add(4, 0.10)
-    assert times.noise(4) == 0.0  # one pass: no scatter known
-    times.add(4, 0.20)
-    variance = 0.7 * (0.3 * 0.10**2)  # the decayed variance of the passes about the mean
-    assert times.noise(4) == pytest.approx((variance * 0.3 / 1.7) ** 0.5)
-    times.add(8, 0.30)
-    assert times.noise(8) == 0.0
-    assert times.noise(6) == pytest.approx(times.noise(4))  # unmeasured: its noisier neighbour
-    assert times.noise(20) == 0.0  # past the last size, the last size's
-
-
-def test_cost_drafts_nothing_when_drafting_is_expensive_and_poor():
-    policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
-    feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    assert policy.alpha < 0.2
-    assert next_k(policy) == 0
-
-
-def test_cost_drafts_long_blocks_when_cheap_and_accurate():
-    policy = CostAwareK(DraftConfig(k_max=12))
-    feed(policy, 30, k=6, accepted=6, draft_token_s=0.01, verify_s=1.0)
-    assert policy.alpha > 0.95
-    assert next_k(policy) == 12
-
-
-def test_cost_picks_the_argmax_of_expected_tokens_per_second():
-    policy = CostAwareK(DraftConfig(k_max=12))
-    feed(policy, 30, k=4, accepted=2, draft_token_s=0.1, verify_s=1.0)
-    rates = {k: policy.rate(MODEL, k, 1000) for k in range(13)}
-    assert rates[2] == pytest.approx(expected_speedup(policy.alpha, 2, 0.0) / (1.0 + 2 * 0.1))
-    assert 0 < next_k(policy) == max(rates, key=rates.get) < 12
-
-
-def test_cost_probes_again_after_idle_steps_backing_off():
-    policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
-    feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    ks = [next_k(policy) for _ in range(4 + 8 + 16 + 32 + 32)]
-    probes = [i for i, k in enumerate(ks) if k > 0]
-    # each probe that leaves drafting unprofitable doubles the wait, up to 8 x probe_every
-    assert probes == [3, 3 + 8, 3 + 8 + 16, 3 + 8 + 16 + 32, 3 + 8 + 16 + 32 + 32]
-
-
-def test_cost_probe_wait_resets_once_drafting_pays():
-    policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
-    feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    assert [next_k(policy) > 0 for _ in range(12)].count(True) == 2  # probes after 4, then 8 idle steps
-    feed(policy, 30, k=4, accepted=4, draft_token_s=0.02, verify_s=1.0)
-    assert next_k(policy) >= 4  # drafting pays again: the wait is back to probe_every
-    feed(policy, 30, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    ks = [next_k(policy) for _ in range(4)]
-    assert ks[:3] == [0, 0, 0] and ks[3] >= 1
-
-
-def test_cost_recovers_when_the_draft_becomes_good():
-    policy = CostAwareK(DraftConfig(k_max=8, probe_every=2))
-    feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    assert next_k(policy) == 0
-    feed(policy, 30, k=4, accepted=4, draft_token_s=0.02, verify_s=1.0)
-    assert next_k(policy) >= 4
-
-
-def test_cost_learns_timing_from_steps_without_proposals():
-    policy = CostAwareK(DraftConfig(k=3))
-    policy.update(step(0, verify_s=0.5))
-    assert policy.pass_times.at(1) == 0.5
-    assert next_k(policy) == 3  # the model's draft cost is unknown: tried once with k
-    alpha = policy.alpha
-    policy.update(step(3, 0, 0, 0.0, 0.5))  # k asked, nothing proposed: acceptance unchanged
-    assert policy.alpha == alpha
-
-
-@pytest.mark.parametrize(("name", "cls"), [("fixed", FixedK), ("heuristic", HeuristicK), ("cost", CostAwareK)])
-def test_make_policy(name, cls):
-    assert isinstance(make_policy(DraftConfig(k_policy=name)), cls)
-
-
-def _pass_seconds(tokens: int) -> float:
-    """A CPU-like target: 0.4 s for one token, 0.12 s more for each extra token scored."""
-    return 0.4 + 0.12 * (tokens - 1)
-
-
-def test_cost_accounts_for_verification_that_grows_with_the_block():
-    # Free drafts (n-gram) with poor acceptance: on a flat-cost target long blocks would be
-    # worth trying, but here every extra token makes the pass slower, so drafting must stop.
-    growing = CostAwareK(DraftConfig(k=4, k_max=12, probe_every=1000))
-    flat = CostAwareK(DraftConfig(k=4, k_max=12, probe_every=1000))
-    for proposed in [0, 4, 0, 8, 2, 12, 0, 6, 1, 4, 8, 3, 12]:
-        accepted = 1 if proposed >= 12 else 0
-        growing.update(step(proposed, proposed, accepted, 1e-5 * proposed, _pass_seconds(proposed + 1)))
-        flat.update(step(proposed, proposed, accepted, 1e-5 * proposed, 0.4))
-    assert growing.alpha < 0.25
-    assert next_k(growing) == 0
-    assert next_k(flat) >= 1
-
-
-# Measured (Qwen2.5-Coder-1.5B, hf backend, packed float32): far from a line in the block size.
-CPU_PASS = {1: 0.28, 2: 0.48, 4: 0.59, 6: 0.61, 9: 0.71, 13: 0.82}
-
-
-def _cpu_pass(tokens: int) -> float:
-    known = PassTimes()
-    for size, seconds in CPU_PASS.items():
-        known.add(size, seconds)
-    return known.at(tokens)
-
-
-@pytest.mark.parametrize("good_draft", [False, True])
-def test_cost_settles_on_what_pays_with_a_measured_cpu_cost_curve(good_draft):
-    # A 0.06 s draft token against the measured target: a draft that gets one token of each
-    # block right (alpha ~0.5) cannot beat the 0.28 s plain step, an always-right one can.
-    # A line fitted to the multi-token passes alone would put the plain step near 0.45 s.
-    policy = CostAwareK(DraftConfig(k=4, k_max=12, probe_every=1000))
-    ks = []
-    for _ in range(30):
-        k = next_k(policy)
-        ks.append(k)
-        accepted = k if good_draft else min(k, 1)
-        policy.update(step(k, k, accepted, 0.06 * k, _cpu_pass(k + 1)))
-    if good_draft:
-        assert min(ks[-10:]) >= 4
-    else:
-        assert ks[-10:] == [0] * 10
-
-
-def test_cost_takes_free_lookups_where_the_draft_model_does_not_pay():
-    # The draft model costs 0.6 of a target pass per token and gets one token of each block
-    # right (alpha 0.5); the n-gram continuation is free and always right: the lookup wins
-    # when offered, and without it plain decoding beats the model.
-    policy = CostAwareK(DraftConfig(k=4, k_max=8, probe_every=1000))
-    lookup = Offer("ngram", limit=6, key="ngram:3", cost_hint=0.0)
-    feed(policy, 20, k=3, accepted=1, draft_token_s=0.6, verify_s=1.0)
-    for _ in range(20):
-        policy.update(step(4, 4, 4, 1e-4, 1.1, lookup))
-    assert policy.alpha_of("model") < 0.55 and policy.alpha_of("ngram:3") > 0.9
-    assert policy.choose([lookup, MODEL], 1000).source == "ngram"
-    assert policy.choose([MODEL], 1000) == PLAIN  # no match this step: plain beats the model
-
-
-def test_cost_does_not_prefill_a_draft_model_for_a_long_prompt_just_to_try_it():
-    # A lazy draft model 2,000 tokens behind, 128 tokens to generate: catching up would cost
-    # more than the few steps' worth the policy may spend on finding out what a source is
-    # worth, and more than drafting could win back.
-    policy = CostAwareK(DraftConfig(k=4, k_max=8))
-    policy.update(step(0, verify_s=0.1))
-    assert policy.choose([Offer("model", behind=2000)], 128) == PLAIN
-    assert policy.choose([Offer("model", behind=20)], 128).k == 4  # a short prompt: tried
-
-
-def test_cost_profile_carries_costs_and_acceptance_to_the_next_generation():
-    profile = CostProfile()
-    first = CostAwareK(DraftConfig(k=4, k_max=8, probe_every=1000), profile)
-    feed(first, 20, k=4, accepted=4, draft_token_s=0.01, verify_s=0.2)
-    second = CostAwareK(DraftConfig(k=4, k_max=8, probe_every=1000), profile)
-    assert second.pass_times.at(1) == first.pass_times.at(1)
-    assert second.alpha_of("model") > 0.9  # the first generation's acceptance is the prior
-    assert next_k(second) >= 4  # no plain step, no exploration: both were measured before
-
-
-def test_cost_probes_only_sources_that_are_cheap_to_catch_up():
-    # The model drafter sat out a long prompt: a probe would pay its whole prefill just to
-    # re-measure, so probes skip it, however many plain steps go by.
-    policy = CostAwareK(DraftConfig(k_max=8, probe_every=4))
-    feed(policy, 10, k=2, accepted=0, draft_token_s=0.9, verify_s=1.0)
-    far = Offer("model", behind=2000)
-    assert all(policy.choose([far], 1000) == PLAIN for _ in range(40))
-    near = Offer("model", behind=2)  # the probe that was due goes to a source cheap to try
-    assert [policy.choose([near], 1000).k > 0 for _ in range(9)] == [True] + [False] * 7 + [True]
-
-
-def test_cost_prices_a_catch_up_over_a_few_steps_not_the_whole_budget():
-    # A good, cheap draft model that is 2,000 tokens behind: spread over 1,000 tokens to go
-    # its catch-up would look free, but once paid it is sunk, so it must pay off within
-    # CATCHUP_HORIZON steps; a few tokens behind, the same draft model is used at once.
-    policy = CostAwareK(DraftConfig(k=4, k_max=8, probe_every=1000))
-    feed(policy, 30, k=4, accepted=4, draft_token_s=0.01, verify_s=1.0)
-    policy.profile.catchup_token_seconds["model"] = 0.1  # a tenth of a plain pass per token
-    assert policy.choose([Offer("model", behind=2000)], 1000) == PLAIN
-    assert policy.choose([Offer("model", behind=10)], 1000).k >= 4
-
-
-# The 1.5B target's pass times by rows, llama-bench -t 2 on one of this project's hosts, in ms.
-BATCH_CURVE = {1: 65, 2: 88, 3: 101, 4: 86, 8: 152, 16: 169, 32: 338}
-
-
-def _batched(others: int, curve=BATCH_CURVE) -> CostAwareK:
-    """A policy whose passes carry ``others`` rows of other streams, and a free, half-right lookup."""
-    from draftwise.lm import PassInfo
-
-    profile = CostProfile()
-    for rows, ms in curve.items():
-        profile.pass_times.add(rows, ms / 1000)
-    policy = CostAwareK(DraftConfig(k=4, k_max=15, probe_every=1000), profile)
-    lookup = Offer("ngram", key="ngram:1", cost_hint=0.0)
-    for _ in range(40):  # acceptance 0.5 per token; every pass has `others` other rows
-        pass_rows = others + 5
-        outcome = Outcome(
-            Choice(lookup, 4), 4, 1, 0.0, 0.1, pass_info=PassInfo(pass_rows, curve.get(pass_rows, 100) / 1000)
-        )
-        policy.update(outcome)
-    return policy
-
-
-def test_alone_a_stream_prices_its_block_at_a_whole_pass():
-    policy = _batched(0, {**BATCH_CURVE, 5: 120})
-    assert policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000).k == 3  # 4 rows cost 86, 1 costs 65
-
-
-def test_beside_eight_rows_a_stream_drafts_to_fill_the_cheap_shape():
-    # Rows go through the quantized matrix kernel in groups of 4 and one at a time beyond: a
-    # ninth row costs more than the four after it.
-    curve = {**BATCH_CURVE, 9: 190, 10: 200, 11: 210, 12: 160, 13: 195}
-    policy = _batched(8, curve)
-    choice = policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000)
-    assert choice.k > 0 and (8 + choice.k + 1) % 4 == 0  # the pass's rows fill whole groups
+# --- beside other streams: rows priced on the round they ride in ------------------------------
 
 
 def _shared_pass(rows: int, seconds: float) -> Outcome:
     """A plain step's outcome whose pass held ``rows`` rows, all but one other streams'."""
-    from draftwise.lm import PassInfo
-
     return Outcome(PLAIN, 0, 0, 0.0, seconds, pass_info=PassInfo(rows, seconds))
-
-
-def _scattered(others: int, curve: dict[int, float], scatter_ms: float, margin: float, luck=None) -> CostAwareK:
-    """A policy beside ``others`` rows and a free, half-right lookup, whose shared passes of
-    each size scatter by +-``scatter_ms`` about ``curve`` (ms by rows); ``luck`` maps a size
-    to the side (+1 slow, -1 fast) its last three passes fell on, as a run of luck would have it."""
-    profile = CostProfile()
-    for rows, ms in curve.items():
-        for i, sign in enumerate([1, -1] * 30 + [(luck or {}).get(rows, 0)] * 3):
-            profile.learn(_shared_pass(rows, (ms + sign * scatter_ms + i * 1e-3) / 1000))
-    policy = CostAwareK(DraftConfig(k=4, k_max=15, probe_every=1000, noise_margin=margin), profile)
-    policy._counts["ngram:1"] = (5.0, 5.0)
-    policy._others = float(others)
-    return policy
 
 
 def test_passes_shared_with_other_streams_make_a_curve_of_their_own():
@@ -368,107 +310,68 @@ def test_passes_shared_with_other_streams_make_a_curve_of_their_own():
     profile.learn(_shared_pass(4, 0.15))
     assert profile.pass_times.at(4) == 0.04 and not profile.pass_times.known(4)
     assert profile.shared_times.at(4) == pytest.approx(0.7 * 0.17 + 0.3 * 0.15)
+    assert profile.others_rows == 3
 
 
-def test_beside_other_streams_rows_are_priced_on_the_shared_passes():
-    # Calibrated on an idle machine, a fifth row costs 18 ms; under load, passes of 3 and 4
-    # rows take 119 and 170 ms and 5 rows never ran. On the calibration a nine-in-ten lookup's
-    # one-token draft pays beside 3 rows; on the shared passes each row costs 51 ms and it
-    # does not.
-    calibrated = {1: 37, 2: 80, 3: 86, 4: 109, 5: 127, 6: 157, 8: 267}
-    lookup = [Offer("ngram", key="ngram:1", cost_hint=0.0)]
-    idle = _batched(0, calibrated)
-    idle._counts["ngram:1"], idle._others = (9.0, 1.0), 3.0
-    assert idle.choose(lookup, 1000).k > 0
-    loaded = _batched(0, calibrated)
-    loaded._counts["ngram:1"] = (9.0, 1.0)
-    for i in range(10):
-        loaded.update(_shared_pass(4, 0.170 + i * 1e-6))
-        loaded.update(_shared_pass(3, 0.119 + i * 1e-6))
-    loaded._others = 3.0
-    assert loaded.choose(lookup, 1000) == PLAIN
+def test_a_stream_beside_b_rows_prices_its_rows_on_the_round_it_is_in():
+    # The last pass held 8 rows of other streams: a block of k rows emits 8 + E tokens in a
+    # pass of T(9 + k); plain 9 in T(9). Groups of 4 rows: 12 rows cost less than 9.
+    curve = {1: 65, 2: 88, 4: 86, 8: 152, 9: 190, 10: 200, 11: 210, 12: 160, 13: 195, 16: 169, 32: 338}
+    policy = host(curve)
+    know(policy, "ngram:1", [0.5] * 12)
+    policy.update(Outcome(PLAIN, 0, 0, 0.0, 0.19, pass_info=PassInfo(9, 0.19)))
+    assert policy.others == 8
+    expected = policy.acceptance("ngram:1").expected(3)[3]
+    assert policy.arms(LOOKUP, 1000)[2].rate == pytest.approx((8 + expected) / 0.160)
+    assert policy.plain().rate == pytest.approx(9 / 0.190)
+    choice = policy.choose([LOOKUP], 1000)
+    assert choice.k > 0 and (8 + choice.k + 1) % 4 == 0  # the pass's rows fill whole groups
 
 
-def test_scatter_between_sizes_does_not_make_rows_look_free():
-    # Beside 4 rows, each extra row truly costs about 35 ms, but passes scatter by 30 ms and the
-    # means end crossed (the last passes of 6 rows ran fast, of 5 slow): on the raw means a
-    # half-right one-token draft costs nothing, and wins on paper.
-    curve = {1: 40, 4: 150, 5: 185, 6: 220, 8: 290}
-    lookup = [Offer("ngram", key="ngram:1", cost_hint=0.0)]
-    luck = {5: 1, 6: -1}
-    raw = _scattered(4, curve, 30, margin=0.0, luck=luck)
-    assert raw.profile.shared_times.at(6) < raw.profile.shared_times.at(5)
-    assert raw.choose(lookup, 1000).k > 0
-    assert _scattered(4, curve, 30, margin=2.0, luck=luck).choose(lookup, 1000) == PLAIN
-
-
-def test_a_dip_well_beyond_the_scatter_is_still_used():
-    # Beside 8 rows the pass of 16 costs about what 9 do (the kernel changes), far beyond the
-    # passes' scatter of 5 ms: the margin leaves the cheap shape worth filling.
-    curve = {1: 40, 8: 300, 9: 335, 10: 370, 12: 440, 16: 330}
-    policy = _scattered(8, curve, 5, margin=2.0)
-    assert policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000).k == 7
-
-
-def test_past_the_measured_curve_batched_streams_stop_drafting():
-    policy = _batched(32, {**BATCH_CURVE, 37: 390})
-    assert policy.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000) == PLAIN
-
-
-def test_no_probe_when_no_acceptance_could_make_drafting_pay():
-    # Past the measured curve each row adds its slope: even a drafter right 95% of the time
-    # loses to plain decoding, so a probe has nothing to learn and never runs.
-    policy = _batched(32, {**BATCH_CURVE, 37: 390})
-    policy.probe_every = policy._probe_gap = 2
-    lookup = Offer("ngram", key="ngram:1", cost_hint=0.0)
-    assert [policy.choose([lookup], 1000).k for _ in range(20)] == [0] * 20
-    # Alone, the same policy's costs leave room for drafting to pay: probes come back.
-    policy._others = 0.0
-    assert any(policy.choose([lookup], 1000).k > 0 for _ in range(4))
-
-
-def test_a_new_generation_starts_from_the_load_the_last_one_saw():
-    first = _batched(32, {**BATCH_CURVE, 37: 390})
-    second = CostAwareK(DraftConfig(k=4, k_max=15, probe_every=1000), first.profile)
-    assert second._others == pytest.approx(first._others) and second._others > 30
-    assert second.choose([Offer("ngram", key="ngram:1", cost_hint=0.0)], 1000) == PLAIN
+def test_under_load_a_draft_models_passes_keep_its_stream_out_of_rounds():
+    # Beside 8 rows, each drafted token is a round of its own (the others' 8-row pass and the
+    # draft's): k tokens cost k rounds in which this stream emits nothing.
+    policy = host(INTEL, draft_ms=21)
+    know(policy, "model", [0.95] * 12)
+    assert policy.choose([DRAFT_MODEL], 1000).k > 0  # alone it pays
+    policy.others = 8
+    arm = policy.arms(DRAFT_MODEL, 1000)[1]  # k = 2
+    expected = policy.acceptance("model").expected(2)[2]
+    t8, t11 = 0.147, measured(INTEL).at(11)
+    assert arm.rate == pytest.approx((8 * 3 + expected) / (2 * (t8 + 0.021) + t11))
+    assert policy.choose([DRAFT_MODEL], 1000) == PLAIN
 
 
 # --- forced tokens (a grammar's): sure, free, and a block may go on past them -----------------
 
 
-def _on_the_line(k: int = 2, k_max: int = 4) -> CostAwareK:
-    """A policy that knows the passes of ``_pass_seconds`` up to 24 rows."""
-    policy = CostAwareK(DraftConfig(k=k, k_max=k_max, probe_every=1000))
-    for rows in range(1, 25):
-        policy.pass_times.add(rows, _pass_seconds(rows))
-    return policy
+def _on_the_line(k_max: int = 4) -> CostAwareK:
+    """A policy that knows passes of 0.4 s plus 0.12 s a row past the first, up to 24 rows."""
+    return host({rows: 400 + 120 * (rows - 1) for rows in range(1, 25)}, k_max=k_max, k=2)
 
 
 def test_forced_tokens_are_drafted_whole_past_k_max_with_nothing_to_learn():
     # 10 forced tokens: 11 tokens in a pass of 0.4 + 10 x 0.12 = 1.6 s, against one in 0.4 s.
     policy = _on_the_line()
     forced = Offer("grammar", limit=10, cost_hint=0.0, grounded=True, sure=10)
-    assert policy.rate(forced, 10, 1000) == pytest.approx(11 / 1.6)
-    assert policy.choose([forced], 1000) == Choice(forced, 10)  # not cut at k_max, never "explored"
+    assert policy.arms(forced, 1000)[9].rate == pytest.approx(11 / 1.6)
+    assert policy.choose([forced], 1000) == Choice(forced, 10)  # not cut at k_max
     policy.update(step(10, 10, 10, verify_s=1.6, offer=forced))
     assert "grammar" not in policy.profile.acceptance  # forced tokens say nothing of a source
 
 
 def test_a_block_past_forced_tokens_is_priced_at_its_sources_acceptance():
-    # 3 forced tokens, then an n-gram draft. Worked: at alpha 0.95, 3 forced + 4 drafted emit
-    # 3 + (1 - 0.95^5) / 0.05 = 7.52 tokens in 0.4 + 7 x 0.12 = 1.24 s (6.07 tok/s), against
-    # 4 in 0.76 s (5.26 tok/s) for the forced three alone.
     policy = _on_the_line()
     forced = Offer("grammar", limit=3, cost_hint=0.0, sure=3)
     mixed = Offer("grammar+ngram", key="grammar+ngram:3", cost_hint=0.0, sure=3)
-    assert policy.choose([forced, mixed], 1000) == Choice(mixed, 5)  # tried once: 3 + k
-    policy._counts["grammar+ngram:3"] = (19.0, 1.0)
-    assert policy.rate(mixed, 7, 1000) == pytest.approx((3 + (1 - 0.95**5) / 0.05) / 1.24)
-    assert policy.choose([forced, mixed], 1000) == Choice(mixed, 3 + 4)  # k_max more, past the forced three
-    for _ in range(30):  # the forced three kept, the draft after them wrong at once
-        policy.update(step(7, 7, 3, verify_s=_pass_seconds(8), offer=mixed))
-    assert policy.alpha_of("grammar+ngram:3") < 0.2
+    know(policy, "grammar+ngram:3", [0.95] * 4)
+    expected = policy.acceptance("grammar+ngram:3").expected(4)[4]
+    assert policy.arms(mixed, 1000)[6].rate == pytest.approx((3 + expected) / 1.24)
+    choice = policy.choose([forced, mixed], 1000)
+    assert choice.offer == mixed and choice.k > 3  # past the forced three
+    for _ in range(10):  # the forced three kept, the draft after them wrong at once
+        policy.update(step(7, 7, 3, verify_s=1.24, offer=mixed))
+    assert policy.acceptance("grammar+ngram:3").rates(1)[0] < 0.2
     assert policy.choose([forced, mixed], 1000).k == 3  # only what is sure pays
 
 
@@ -479,7 +382,14 @@ def test_only_the_tokens_after_the_forced_ones_count_for_the_source():
     policy.update(step(7, 7, 2, offer=mixed))  # a forced token refused: the draft was not reached
     assert "grammar+ngram:3" not in policy.profile.acceptance
     policy.update(step(7, 7, 5, offer=mixed))  # 2 of 4 drafted kept, then a rejection
-    prior_accepted, prior_rejected = CostAwareK.PRIOR
-    assert policy.profile.acceptance["grammar+ngram:3"] == pytest.approx(
-        (CostAwareK.DECAY * prior_accepted + 2, CostAwareK.DECAY * prior_rejected + 1)
-    )
+    counts = policy.profile.acceptance["grammar+ngram:3"]
+    assert counts.tried == [1, 1, 1] and counts.kept == [1, 1, 0]
+
+
+def test_the_draft_models_own_passes_price_its_tokens_not_the_rounds_it_waited():
+    profile = CostProfile()
+    outcome = Outcome(Choice(DRAFT_MODEL, 4), 4, 2, 0.8, 0.1, draft_pass_seconds=0.04)
+    profile.learn(outcome)  # 0.8 s waited across rounds, 0.04 s of its own passes
+    assert profile.draft_token_seconds["model"] == pytest.approx(0.01)
+    profile.learn(Outcome(Choice(LOOKUP, 2), 2, 2, 0.002, 0.1))  # no model: the wall time stands
+    assert profile.draft_token_seconds["ngram"] == pytest.approx(0.001)

@@ -200,10 +200,11 @@ def test_a_long_block_pays_only_where_the_curve_makes_it_cheap():
     for rows, seconds in {1: 0.029, 2: 0.051, 4: 0.094, 8: 0.182, 13: 0.195, 16: 0.199, 32: 0.358, 49: 0.5}.items():
         policy.profile.pass_times.add(rows, seconds)
     grounded = Offer(PREDICTION, key=PREDICTION, cost_hint=0.0, grounded=True)
-    policy._counts[PREDICTION] = (99.0, 1.0)
+    counts = policy.acceptance(PREDICTION)
     policy._runs[PREDICTION] = 40
+    counts.tried, counts.kept = [100.0] * 12, [99.0] * 12
     sure = policy.choose([grounded], remaining=500)
-    policy._counts[PREDICTION] = (8.0, 2.0)
+    counts.tried, counts.kept = [100.0] * 12, [80.0] * 12
     doubtful = policy.choose([grounded], remaining=500)
     assert sure.k >= 15 and doubtful.k < sure.k
 

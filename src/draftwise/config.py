@@ -122,7 +122,8 @@ class DraftConfig(_Strict):
     k_policy: KPolicyName = Field(
         "cost",
         description="fixed: always k; heuristic: transformers' +2/-1 rule; "
-        "cost: pick the k that maximises expected tokens/s from measured acceptance and timings",
+        "cost: the source and k with the most expected tokens/s from this host's measured pass times and each "
+        "source's measured acceptance by position, within a loss bound (draftwise.policies.CostAwareK)",
     )
     k: int = Field(5, ge=0, le=64, description="draft length (fixed) or starting length (heuristic)")
     k_max: int = Field(12, ge=1, le=64, description="largest draft length the adaptive policies may use")
@@ -146,17 +147,6 @@ class DraftConfig(_Strict):
         ge=0,
         description="sampling: a draft model samples from its N most likely tokens only (renormalised), so "
         "its q has at most N entries per position (what a remote verifier receives); still lossless; 0 = off",
-    )
-    probe_every: int = Field(
-        16, ge=1, description="cost policy: after this many steps without drafting, draft once to re-measure"
-    )
-    noise_margin: float = Field(
-        2.0,
-        ge=0.0,
-        le=10.0,
-        description="cost policy: a block's pass is priced this many standard errors of the measured pass "
-        "times above their difference from plain decoding's, so that scatter between sizes never makes rows "
-        "look free; 0 = the raw means",
     )
 
     @model_validator(mode="after")

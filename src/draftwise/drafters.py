@@ -35,8 +35,10 @@ class Proposal:
     ``probs`` holds the draft distribution ``q`` at each position (what the rejection rule
     needs); ``None`` means the drafter is deterministic (a point mass on each token).
     ``catchup_seconds`` is time spent feeding context the drafter had not seen (a draft
-    model's lazy prefill), counted apart from drafting itself. The first ``forced`` tokens
-    are a grammar's forced text (``draftwise.grammar.Constrained``), the rest ``source``'s.
+    model's lazy prefill), counted apart from drafting itself; ``pass_seconds`` is what the
+    draft model's own passes took (None without a model: the drafting's wall time stands).
+    The first ``forced`` tokens are a grammar's forced text (``draftwise.grammar.Constrained``),
+    the rest ``source``'s.
     """
 
     tokens: torch.Tensor  # [k] long
@@ -45,6 +47,7 @@ class Proposal:
     catchup_seconds: float = 0.0
     catchup_tokens: int = 0
     forced: int = 0
+    pass_seconds: float | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -108,7 +111,7 @@ class ModelDrafter:
     def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
         if self.room(len(context)) <= 0:
             return ()
-        return (Offer(MODEL, behind=max(0, len(context) - 1 - len(self.lm.tokens))),)
+        return (Offer(MODEL, behind=max(0, len(context) - 1 - len(self.lm.tokens)), passes=True),)
 
     def _catch_up(self, context: Sequence[int]) -> Passes[tuple[list[int], float, int]]:
         """Sync the cache with ``context``; feed a long gap now, as a prefill. Returns what
@@ -141,8 +144,12 @@ class ModelDrafter:
         feed, catchup_seconds, catchup_tokens = yield from self._catch_up(context)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
+        own = 0.0  # seconds of the draft model's own passes
         for _ in range(k):
+            started = time.perf_counter()
             logits = yield Forward(self.lm, feed, last=1)  # [1, V]
+            info = self.lm.last_pass  # under load the stream also waited for other passes of the round
+            own += info.seconds if info is not None else time.perf_counter() - started
             q = logits_to_probs(logits, sampling.temperature, top_k, sampling.top_p)[0]
             token = int(logits[0].argmax()) if sampling.greedy else sample(q, self._generator)
             tokens.append(token)
@@ -156,6 +163,7 @@ class ModelDrafter:
             source=MODEL,
             catchup_seconds=catchup_seconds,
             catchup_tokens=catchup_tokens,
+            pass_seconds=own,
         )
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
@@ -319,7 +327,7 @@ class CrossVocabDrafter:
         self._follow(context)
         if self.model.room(len(self.draft_ids.ids)) <= 0:
             return ()
-        return (Offer(MODEL, behind=max(0, len(self.draft_ids.ids) - 1 - len(self.lm.tokens))),)
+        return (Offer(MODEL, behind=max(0, len(self.draft_ids.ids) - 1 - len(self.lm.tokens)), passes=True),)
 
     def _steps(self, k: int) -> int:
         """The most draft tokens a block of ``k`` target tokens may take: those of ``k + 2``
@@ -353,6 +361,7 @@ class CrossVocabDrafter:
             source=MODEL,
             catchup_seconds=drafted.catchup_seconds,
             catchup_tokens=drafted.catchup_tokens,
+            pass_seconds=drafted.pass_seconds,
         )
 
     def _text_of(self, drafted: list[int]) -> str:

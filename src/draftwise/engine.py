@@ -137,6 +137,7 @@ class _Run:
                 proposal.catchup_seconds,
                 proposal.catchup_tokens,
                 check.pass_info,
+                proposal.pass_seconds,
             )
         )
         event = StepEvent(

@@ -497,13 +497,11 @@ MIXED = GRAMMAR + "+"  # the prefix of a source drafted after the grammar's forc
 
 def _after_forced(offer: Offer, sure: int) -> Offer:
     """``offer``, made after ``sure`` forced tokens, as a block that drafts them first."""
-    return Offer(
-        MIXED + offer.source,
+    return replace(
+        offer,
+        source=MIXED + offer.source,
         limit=None if offer.limit is None else sure + offer.limit,
-        behind=offer.behind,
         key=MIXED + offer.stats_key,
-        cost_hint=offer.cost_hint,
-        grounded=offer.grounded,
         sure=sure,
     )
 
