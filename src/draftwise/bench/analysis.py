@@ -16,6 +16,10 @@ Definitions (the report repeats them):
 * alpha: the per-token acceptance probability, estimated as accepted / (accepted +
   rejections), and c: the time of one drafted token over the time of one plain target pass
   (the baseline's), give Leviathan et al.'s predicted speedup for the draft lengths used.
+* regret (with a sweep, ``--sweep``): per group, each drafter under the configured policy
+  against the oracle, the fastest fixed configuration (the baseline, or any drafter's
+  fixed-length run, ``model/k4``) by the speedup above, picked in hindsight; and its slowest
+  prompt relative to the baseline.
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ from typing import Any
 import numpy as np
 
 from draftwise.bench.audit import audit_prompt
-from draftwise.bench.config import ANCHORS, REFERENCE
+from draftwise.bench.config import ANCHORS, REFERENCE, parse_sweep_run
 from draftwise.bench.dataset import Prompt, subtask_order
 from draftwise.bench.store import Record
 from draftwise.policies import expected_speedup
 
 OVERALL = "overall"
+# The worst-prompt pick of the regret counts a prompt only where the baseline produced at least
+# this many new tokens: a shorter answer is mostly prefill and timer noise, not drafting.
+WORST_PROMPT_MIN_TOKENS = 32
 Complete = dict[tuple[str, str], list[Record]]  # (method, prompt id) -> records ordered by turn
 
 
@@ -272,19 +279,79 @@ def mismatches(method: str, prompt_ids: Sequence[str], complete: Complete) -> li
     return found
 
 
+def fixed_runs(method: str, methods: Sequence[str]) -> list[str]:
+    """``method``'s fixed-length runs (its sweep) among ``methods``: ``model/k1``, ``model/k2``..."""
+    return [m for m in methods if (sweep := parse_sweep_run(m)) is not None and sweep[0] == method]
+
+
+def _oracle(stats: dict[str, dict[str, Any]], methods: Sequence[str]) -> str | None:
+    """The fastest fixed configuration, the baseline or any drafter's fixed-length run, by
+    speedup over the baseline (the report's); None when none has one. A tie goes to the
+    baseline, then to the first listed: the simpler configuration."""
+    fixed = [m for m in methods if parse_sweep_run(m) is not None]
+    speeds = {m: stats[m].get("speedup") for m in (REFERENCE, *fixed)}
+    known = {m: s for m, s in speeds.items() if s is not None}
+    return max(known, key=known.__getitem__) if known else None
+
+
+def worst_prompt(method: str, prompt_ids: Sequence[str], complete: Complete) -> dict[str, Any] | None:
+    """``method``'s prompt with the lowest speedup over the baseline, among those where the
+    baseline produced at least ``WORST_PROMPT_MIN_TOKENS`` new tokens; None when there is none."""
+    long_enough = [
+        pid
+        for pid in prompt_ids
+        if (REFERENCE, pid) in complete
+        and sum(r["new_tokens"] for r in complete[(REFERENCE, pid)]) >= WORST_PROMPT_MIN_TOKENS
+    ]
+    ratios = {pid: relative_speed(method, REFERENCE, [pid], complete, prompt_rate) for pid in long_enough}
+    known = {pid: x for pid, x in ratios.items() if x is not None}
+    if not known:
+        return None
+    pid = min(known, key=known.__getitem__)
+    return {"prompt_id": pid, "speedup": known[pid]}
+
+
+def regret(
+    stats: dict[str, dict[str, Any]], prompt_ids: Sequence[str], complete: Complete, methods: Sequence[str]
+) -> dict[str, Any]:
+    """One group's regret: per drafter that was swept, its speedup under the configured policy
+    (``stats``: the group's ``method_stats``), the oracle's, its ratio to the oracle and to each
+    anchor, and its worst prompt."""
+    swept = [m for m in methods if fixed_runs(m, methods)]
+    anchors = [b for b in speed_bases(methods) if b != REFERENCE]
+    oracle = _oracle(stats, methods)
+    entries: dict[str, Any] = {}
+    for method in swept:
+        over = stats[method].get("speedup_over") or {}
+        entries[method] = {
+            "speedup": stats[method].get("speedup"),
+            "oracle": oracle,
+            "oracle_speedup": stats[oracle].get("speedup") if oracle else None,
+            "over_oracle": relative_speed(method, oracle, prompt_ids, complete, prompt_rate) if oracle else None,
+            "over_anchors": {a: (over.get(a) or {}).get("speedup") for a in anchors},
+            "worst_prompt": worst_prompt(method, prompt_ids, complete),
+        }
+    return {"baseline_tokens_per_second": stats[REFERENCE].get("tokens_per_second"), "methods": entries}
+
+
 def summarize(
     records: Sequence[Record], prompts: Sequence[Prompt], methods: Sequence[str], greedy: bool
 ) -> dict[str, Any]:
-    """Statistics per subtask and overall, per method, plus the losslessness audit."""
+    """Statistics per subtask and overall, per method, plus the losslessness audit, and the
+    regret per group when fixed-length runs (a sweep) are among ``methods``."""
     complete = complete_prompts(records, prompts)
     groups = {OVERALL: [p.id for p in prompts]}
     for subtask in subtask_order(prompts):
         groups[subtask] = [p.id for p in prompts if p.subtask == subtask]
     bases = speed_bases(methods)
-    return {
+    stats = {g: {m: method_stats(m, ids, complete, greedy, bases) for m in methods} for g, ids in groups.items()}
+    summary: dict[str, Any] = {
         "bases": bases,
-        "groups": {g: {m: method_stats(m, ids, complete, greedy, bases) for m in methods} for g, ids in groups.items()},
+        "groups": stats,
         "mismatches": {m: mismatches(m, groups[OVERALL], complete) for m in methods if m != REFERENCE}
         if greedy
         else {},
     }
+    if any(parse_sweep_run(m) is not None for m in methods):
+        summary["regret"] = {g: regret(stats[g], ids, complete, methods) for g, ids in groups.items()}
+    return summary

@@ -9,11 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig, ModelOptions
+from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig, ModelOptions
 from draftwise.errors import DraftwiseError
 from draftwise.serving import BenchWorkers
 
@@ -33,6 +33,22 @@ ANCHORS = HF_ANCHORS + LLAMACPP_ANCHORS
 METHODS_WITH_DRAFT_MODEL: frozenset[str] = NEEDS_DRAFT_MODEL | {"hf-assisted", "llamacpp-spec"}
 
 SPEC_BENCH = "spec_bench"
+# A sweep run is a drafter again under the fixed policy at one draft length: METHOD/kK.
+SWEEP_MARK = "/k"
+SweepK = Annotated[int, Field(ge=1, le=64)]
+
+
+def sweep_run(method: str, k: int) -> str:
+    """The name of ``method`` (a drafter) run again with the fixed policy at ``k``: ``model/k4``."""
+    return f"{method}{SWEEP_MARK}{k}"
+
+
+def parse_sweep_run(run: str) -> tuple[DrafterKind, int] | None:
+    """(drafter, k) of a sweep run's name; None for any other run (``model``, ``model@DRAFT``)."""
+    method, mark, k = run.rpartition(SWEEP_MARK)
+    if not mark or method not in DRAFTER_KINDS or not k.isdigit():
+        return None
+    return method, int(k)  # narrowed to a DrafterKind by the membership test
 
 
 class BenchError(DraftwiseError, ValueError):
@@ -57,6 +73,11 @@ class BenchConfig(BaseModel):
         description="more draft models, compared on the same prompts: each runs the methods that draft with a "
         "model again, named METHOD@DRAFT (hybrid@smollm2-135m)",
     )
+    sweep: tuple[SweepK, ...] = Field(
+        (),
+        description="fixed draft lengths: every drafting method in --methods runs again at each, named METHOD/kK "
+        "(model/k4), with the fixed policy",
+    )
     data: str = Field(SPEC_BENCH, description="'spec_bench' (packaged) or a JSONL file of prompts")
     subtasks: tuple[str, ...] | None = Field(None, description="subtasks to run; None = all in the data")
     limit: int | None = Field(None, ge=1, description="prompts per subtask")
@@ -80,6 +101,21 @@ class BenchConfig(BaseModel):
         # The reference runs first in the listing (the run order still rotates per prompt).
         rest = tuple(dict.fromkeys(m for m in methods if m != REFERENCE))
         return (REFERENCE, *rest)
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_in_order(cls, sweep: tuple[int, ...]) -> tuple[int, ...]:
+        # One run per length, shortest first: the report lists them in this order.
+        return tuple(sorted(set(sweep)))
+
+    @model_validator(mode="after")
+    def _sweep_needs_a_drafting_method(self) -> BenchConfig:
+        if self.sweep and not any(m in DRAFTER_KINDS for m in self.methods):
+            raise ValueError(
+                f"--sweep runs the drafting methods ({', '.join(DRAFTER_KINDS)}) again at each draft length; "
+                "--methods names none"
+            )
+        return self
 
     @model_validator(mode="after")
     def _spec_needs_binaries(self) -> BenchConfig:
@@ -115,9 +151,15 @@ class BenchConfig(BaseModel):
 
     @property
     def runs(self) -> tuple[str, ...]:
-        """Every method run: ``methods``, then each drafting one again with each other draft."""
+        """Every method run: ``methods``, then each drafting one again with each other draft,
+        then each drafter again at each length of the sweep (``sweep_runs``)."""
         drafting = [m for m in self.methods if m in NEEDS_DRAFT_MODEL]
-        return (*self.methods, *(f"{m}@{draft}" for draft in self.other_drafts for m in drafting))
+        return (*self.methods, *(f"{m}@{draft}" for draft in self.other_drafts for m in drafting), *self.sweep_runs)
+
+    @property
+    def sweep_runs(self) -> tuple[str, ...]:
+        """Each drafter of ``methods`` at each length of ``sweep``, fixed policy: ``model/k4``."""
+        return tuple(sweep_run(m, k) for m in self.methods if m in DRAFTER_KINDS for k in self.sweep)
 
     def results_hash(self) -> str:
         """Hash of every setting that changes what a method produces or how fast.

@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
-from draftwise.bench.config import ANCHORS, HF_ANCHORS, REFERENCE, BenchConfig, BenchError
+from draftwise.bench.config import ANCHORS, HF_ANCHORS, REFERENCE, BenchConfig, BenchError, sweep_run
 from draftwise.bench.trace import Method, Trace
-from draftwise.config import NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig
+from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig
 from draftwise.drafters import build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.lm import LanguageModel
@@ -57,17 +57,33 @@ class RollbackTimer:
 
 class DraftwiseMethod:
     """A ``SpeculativeEngine`` (with or without a drafter) over ``target``, consumed through
-    ``stream``."""
+    ``stream``. With ``fixed_k`` (a sweep run, ``model/k4``) every request drafts under the
+    fixed policy at that length, its other drafting settings the request's own."""
 
     def __init__(
-        self, name: str, engine: SpeculativeEngine, target: LanguageModel, timers: Sequence[RollbackTimer]
+        self,
+        name: str,
+        engine: SpeculativeEngine,
+        target: LanguageModel,
+        timers: Sequence[RollbackTimer],
+        fixed_k: int | None = None,
     ) -> None:
         self.name = name
         self.engine = engine
         self.target = target
         self.timers = list(timers)
+        self.fixed_k = fixed_k
+
+    def generation(self, config: GenerationConfig) -> GenerationConfig:
+        """The settings this method runs a request with: ``config``, at ``fixed_k`` if set."""
+        if self.fixed_k is None:
+            return config
+        # The fixed policy is valid at any k <= 64 (k_max bounds the adaptive ones only).
+        draft = config.draft.model_copy(update={"k_policy": "fixed", "k": self.fixed_k})
+        return config.model_copy(update={"draft": draft})
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Trace:
+        config = self.generation(config)
         # Every run prefills its whole prompt, as a request alone does: the methods share the
         # target, whose cache would otherwise hand the next method the prompt for free.
         self.target.reset()
@@ -139,9 +155,9 @@ def build_methods(
     profile: CostProfile | None = None,
     others: Mapping[str, Pair] | None = None,
 ) -> tuple[dict[str, Method], list[RollbackTimer]]:
-    """One ``Method`` per name of ``config.runs``, sharing the loaded models; close the timers
-    when done. ``others``: the prepared pair of each of ``config.other_drafts`` (its draft and
-    costs). Each draftwise method starts from its own copy of its measured costs."""
+    """One ``Method`` per name of ``config.runs``, in that order, sharing the loaded models;
+    close the timers when done. ``others``: the prepared pair of each of ``config.other_drafts``
+    (its draft and costs). Each draftwise method starts from its own copy of its measured costs."""
     others = others or {}
     drafts = [lm for lm in (target, draft, *(pair.draft for pair in others.values())) if lm is not None]
     timers = {id(lm): RollbackTimer(lm) for lm in drafts}
@@ -157,6 +173,9 @@ def build_methods(
                 methods[f"{name}@{other}"] = _draftwise(
                     f"{name}@{other}", name, target, pair.draft, pair.profile, timers
                 )
+    for name in config.methods:  # the sweep: each drafter again at each fixed length (config.sweep_runs)
+        for k in config.sweep if name in DRAFTER_KINDS else ():
+            methods[sweep_run(name, k)] = _draftwise(sweep_run(name, k), name, target, draft, profile, timers, k)
     return methods, list(timers.values())
 
 
@@ -167,12 +186,14 @@ def _draftwise(
     draft: LanguageModel | None,
     profile: CostProfile | None,
     timers: Mapping[int, RollbackTimer],
+    fixed_k: int | None = None,
 ) -> DraftwiseMethod:
-    """draftwise's method ``name`` (the baseline or a drafter) with ``draft``, as ``label``."""
+    """draftwise's method ``name`` (the baseline or a drafter) with ``draft``, as ``label``;
+    ``fixed_k``: at that draft length under the fixed policy (a sweep run)."""
     if name == REFERENCE:
         return DraftwiseMethod(label, autoregressive(target), target, [timers[id(target)]])
     uses_draft = name in NEEDS_DRAFT_MODEL and draft is not None
     timed = [timers[id(target)], *([timers[id(draft)]] if uses_draft else [])]
     drafter = build_drafter(cast(DrafterKind, name), draft, text_bridge(target.tokenizer, draft))
     engine = SpeculativeEngine.from_models(target, drafter, copy.deepcopy(profile))
-    return DraftwiseMethod(label, engine, target, timed)
+    return DraftwiseMethod(label, engine, target, timed, fixed_k)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from draftwise.bench.analysis import OVERALL
+from draftwise.bench.analysis import OVERALL, WORST_PROMPT_MIN_TOKENS
 from draftwise.bench.anchor_settings import describe
 from draftwise.bench.audit import NEAR_TIE
 from draftwise.bench.config import REFERENCE, BenchConfig
@@ -143,6 +143,59 @@ def _speedup_matrix(groups: dict[str, dict[str, dict[str, Any]]], methods: Seque
     for m in methods:
         cells = [_speedup_cell(groups[g][m], base) for g in names]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+_REGRET_COLUMNS = (
+    "subtask",
+    "plain tokens/s",
+    "method",
+    "default / plain",
+    "oracle",
+    "oracle / plain",
+    "default / oracle",
+    "worst prompt",
+)
+
+
+def _worst_cell(worst: dict[str, Any] | None) -> str:
+    if worst is None:
+        return f"n/a (no prompt of {WORST_PROMPT_MIN_TOKENS}+ tokens)"
+    return f"{worst['prompt_id']}: {_fmt(worst['speedup'], '.2f', 'x')}"
+
+
+def _regret_section(regret: dict[str, dict[str, Any]], config: BenchConfig) -> list[str]:
+    """Each swept drafter under the configured policy against its best fixed run in hindsight,
+    per subtask and overall (summary.json's ``regret``)."""
+    names = [g for g in regret if g != OVERALL] + [OVERALL]
+    anchors = sorted({a for g in names for e in regret[g]["methods"].values() for a in e["over_anchors"]})
+    lines = [
+        "## Regret: the default against the best fixed configuration",
+        "",
+        f"Each drafter under the configured policy (`{config.generation.draft.k_policy}`) against the oracle: the "
+        f"fastest of `baseline` and every fixed-length run (`METHOD/kK`, k in {', '.join(map(str, config.sweep))}), "
+        "picked in hindsight per subtask. Ratios are the speedup tables' (tokens/s with prefill: the mean over "
+        "prompts over the other run's mean on the same prompts). Worst prompt: the default's lowest speedup over "
+        f"`baseline` on one prompt, among prompts where `baseline` produced {WORST_PROMPT_MIN_TOKENS}+ new tokens.",
+        "",
+        "| " + " | ".join([*_REGRET_COLUMNS, *(f"default / {a}" for a in anchors)]) + " |",
+        "|" + "---|" * (len(_REGRET_COLUMNS) + len(anchors)),
+    ]
+    for g in names:
+        plain = _fmt(regret[g]["baseline_tokens_per_second"], ".1f")
+        for m, e in regret[g]["methods"].items():
+            cells = [
+                g,
+                plain,
+                m,
+                _fmt(e["speedup"], ".2f", "x"),
+                f"`{e['oracle']}`" if e["oracle"] else "n/a",
+                _fmt(e["oracle_speedup"], ".2f", "x"),
+                _fmt(e["over_oracle"], ".2f", "x"),
+                _worst_cell(e["worst_prompt"]),
+                *(_fmt(e["over_anchors"].get(a), ".2f", "x") for a in anchors),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
@@ -295,6 +348,14 @@ def _setup_lines(
             if config.other_drafts
             else []
         ),
+        *(
+            [
+                f"- sweep: `METHOD/kK` is METHOD with the fixed policy at k = K, for K in "
+                f"{', '.join(map(str, config.sweep))}"
+            ]
+            if config.sweep
+            else []
+        ),
         f"- drafting: k policy `{d.k_policy}`, k {d.k}, k_max {d.k_max}, confidence threshold "
         f"{d.confidence_threshold}, n-gram {d.ngram_min}..{d.ngram_max}",
         *[f"- `{m}`: {note}" for m in config.runs if (note := describe(m, config.generation))],
@@ -324,6 +385,8 @@ def render(
     lines += ["## Overall", "", *_overall_table(groups[OVERALL], methods, greedy), ""]
     for base in summary.get("bases") or [REFERENCE]:
         lines += _speedup_matrix(groups, methods, base)
+    if summary.get("regret"):  # only with a sweep
+        lines += _regret_section(summary["regret"], config)
     for name, stats in groups.items():
         if name == OVERALL:
             continue

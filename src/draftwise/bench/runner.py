@@ -170,6 +170,12 @@ def generation_for(
     return g.model_copy(update={"sampling": sampling, "max_new_tokens": max_new_tokens or g.max_new_tokens})
 
 
+def shown_runs(config: BenchConfig) -> list[str]:
+    """The runs the progress bar and the plots show: all but a sweep's fixed-length runs, which
+    would crowd them (a dozen more bars per subtask); the report's regret section covers those."""
+    return [m for m in config.runs if m not in config.sweep_runs]
+
+
 def unit_keys(prompt: Prompt, config: BenchConfig, config_hash: str) -> list[str]:
     """The record keys of one unit: every turn of ``prompt`` by every method."""
     return [record_key(prompt.id, t, m, config_hash) for t in range(len(prompt.turns)) for m in config.runs]
@@ -336,7 +342,7 @@ class Bench:
         (self.config.out / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         todo = self.pending()
         if todo:
-            recorder = Recorder(self.store, self.records(), todo, progress, on_record, self.config.runs)
+            recorder = Recorder(self.store, self.records(), todo, progress, on_record, shown_runs(self.config))
             if measure is not None:
                 self.retried_units += measure(self, recorder)
             else:
@@ -383,5 +389,5 @@ def run_bench(
     bench = Bench(config)
     records = bench.run(progress=progress, on_record=on_record, models=models, measure=measure)
     summary = bench.summary()
-    plots = write_plots(config.out, summary, records, config.runs)
+    plots = write_plots(config.out, summary, records, shown_runs(config))
     return write_report(config.out, summary, config, bench.prompts, records, command, [str(p) for p in plots])

@@ -58,7 +58,7 @@ def _subtasks(value: str) -> tuple[str, ...] | None:
 FLAGS = (
     Flags(
         BenchConfig,
-        include=("target", "draft", "other_drafts", "methods", "data", "subtasks", "limit"),
+        include=("target", "draft", "other_drafts", "methods", "sweep", "data", "subtasks", "limit"),
         help={
             "target": _with_defaults(BenchConfig, "target"),
             "draft": _with_defaults(BenchConfig, "draft"),
@@ -66,10 +66,13 @@ FLAGS = (
             "(named METHOD@DRAFT), on the same prompts; default none",
             "methods": f"comma-separated methods, of: {', '.join(METHODS)}; 'baseline' always runs; default: "
             + ",".join(BenchConfig.model_fields["methods"].default),
+            "sweep": "comma-separated fixed draft lengths (1..64): each drafting method of --methods runs again at "
+            "each under the fixed policy, named METHOD/kK (model/k4), and the report compares the default policy "
+            "with the best of them in hindsight; default none",
             "subtasks": f"comma-separated subtasks (Spec-Bench: {', '.join(SPEC_BENCH_SUBTASKS)}); default all",
             "limit": _with_defaults(BenchConfig, "limit"),
         },
-        parse={"methods": split, "other_drafts": split, "subtasks": _subtasks},
+        parse={"methods": split, "other_drafts": split, "sweep": split, "subtasks": _subtasks},
     ),
     Flags(
         GenerationConfig,
