@@ -11,13 +11,12 @@ from statistics import mean
 import pytest
 
 from draftwise.backends.tiny import tiny_tokenizer
-from draftwise.bench.analysis import OVERALL, predicted_speedup, prompt_rate
+from draftwise.bench.analysis import OVERALL, expected_speedup, predicted_speedup, prompt_rate
 from draftwise.bench.audit import NEAR_TIE, audit_prompt, first_difference
 from draftwise.bench.config import BenchConfig
 from draftwise.bench.dataset import DatasetError, load_prompts
 from draftwise.bench.runner import RESULTS, PromptBuilder, run_bench
 from draftwise.config import GenerationConfig
-from draftwise.policies import expected_speedup
 
 ROWS = [
     {"id": "p1", "subtask": "alpha", "prompt": "The cat sat on the mat. The cat sat on"},
@@ -324,3 +323,18 @@ def test_other_drafts_do_not_name_the_target(tmp_path: Path) -> None:
 def test_other_drafts_need_a_method_that_drafts_with_a_model(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--other-drafts runs the methods that draft with a model"):
         _config(tmp_path, methods=("baseline", "ngram"), other_drafts=("tiny:2",))
+
+
+@pytest.mark.parametrize(
+    ("alpha", "k", "c", "expected"),
+    [
+        (0.8, 4, 0.1, (1 - 0.8**5) / 0.2 / 1.4),  # 2.401
+        (0.8, 4, 0.43, (1 - 0.8**5) / 0.2 / 2.72),
+        (0.5, 1, 0.0, 1.5),
+        (0.0, 3, 0.0, 1.0),
+        (0.7, 0, 0.9, 1.0),
+        (1.0, 2, 0.0, (1 - 0.999**3) / 0.001),  # alpha is capped below 1
+    ],
+)
+def test_expected_speedup_closed_form(alpha, k, c, expected):
+    assert expected_speedup(alpha, k, c) == pytest.approx(expected)

@@ -97,6 +97,10 @@ class Outcome:
 
 
 class DraftPolicy(Protocol):
+    # The arms weighed at the last choice (the one taken first, then the best others and
+    # plain decoding), for whoever shows why; empty for a policy that weighs none.
+    weighed: tuple[Arm, ...]
+
     def choose(self, offers: Sequence[Offer], remaining: int) -> Choice:
         """What to draft next; ``remaining`` tokens are left in the budget."""
 
@@ -115,6 +119,8 @@ def _first(offers: Sequence[Offer], k: int) -> Choice:
 class FixedK:
     """Always ``k`` tokens from the drafter's preferred source."""
 
+    weighed: tuple[Arm, ...] = ()
+
     def __init__(self, k: int) -> None:
         self.k = k
 
@@ -128,6 +134,8 @@ class FixedK:
 class HeuristicK:
     """transformers' rule: k += 2 after a fully accepted block, else k = max(1, k - 1)."""
 
+    weighed: tuple[Arm, ...] = ()
+
     def __init__(self, k: int, k_max: int) -> None:
         self.k = max(1, k)
         self.k_max = k_max
@@ -140,30 +148,6 @@ class HeuristicK:
             return
         full = outcome.n_accepted == outcome.n_proposed
         self.k = min(self.k_max, self.k + 2) if full else max(1, self.k - 1)
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens a step emits on average when it drafts ``k`` and each draft token is accepted
-    with probability ``alpha`` (until the first rejection), plus the target's own token."""
-    if k == 0:
-        return 1.0
-    alpha = min(alpha, 0.999)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Expected tokens per unit of plain-decoding time for draft length ``k``.
-
-    A step emits ``expected_tokens(alpha, k)`` tokens and costs ``1 + k c`` target passes'
-    worth of time, where ``c`` is the cost of one draft token relative to one target pass
-    (Leviathan et al. 2023).
-
-    Example: alpha = 0.8, k = 4, c = 0.1 -> 3.36 tokens / 1.4 = 2.40x; with c = 0.43
-    the same k gives only 1.21x.
-    """
-    if k == 0:
-        return 1.0
-    return expected_tokens(alpha, k) / (1.0 + k * cost_ratio)
 
 
 class PassTimes:
@@ -200,7 +184,16 @@ class PassTimes:
         """How many sizes were measured."""
         return len(self._mean)
 
-    def at(self, tokens: int) -> float | None:
+    def at(self, tokens: int, rising: bool = False) -> float | None:
+        """Seconds of a pass over ``tokens`` rows; ``rising``: never less than a smaller
+        measured size's (for passes timed under load, where the scatter between sizes, not the
+        kernels, makes most dips: at 4 clients T(4) = 147, T(5) = 162, T(6) = 157 ms)."""
+        value = self._at(tokens)
+        if rising and value is not None:
+            return max([value, *(self._mean[n] for n in self._sizes if n <= tokens)])
+        return value
+
+    def _at(self, tokens: int) -> float | None:
         if not self._mean:
             return None
         if tokens in self._mean:
@@ -353,6 +346,10 @@ class Arm:
     rate: float  # expected tokens per second of the rounds the step runs in
     seconds: float  # what the step itself is expected to take, a catch-up included whole
 
+    def describe(self) -> tuple[str, int, float]:
+        """(source or "plain", k, expected tokens per second): what the events carry."""
+        return self.choice.source or "plain", self.choice.k, self.rate
+
 
 class CostAwareK:
     """Draft from the source and to the length with the most expected tokens per second, as
@@ -424,7 +421,7 @@ class CostAwareK:
         self._acceptance = {key: copy.deepcopy(counts) for key, counts in self.profile.acceptance.items()}
         self.plain_step: float | None = None  # this stream's plain step, as measured
         self._runs: dict[str, int] = {}  # statistics key -> tokens kept in a row since its last rejection
-        self.last: tuple[Arm, ...] = ()  # the arms weighed at the last choice, best first
+        self.weighed: tuple[Arm, ...] = ()
 
     @property
     def pass_times(self) -> PassTimes:
@@ -441,7 +438,8 @@ class CostAwareK:
 
     def _pass(self, rows: int) -> float:
         """``T(rows)`` where the rows ride beside the other streams' (``T(0)`` = 0)."""
-        return (self._curve(self.others).at(rows) or 0.0) if rows > 0 else 0.0
+        curve = self._curve(self.others)
+        return (curve.at(rows, rising=curve is self.profile.shared_times) or 0.0) if rows > 0 else 0.0
 
     def longest(self, offer: Offer) -> int:
         """The longest block ``offer`` may draft now: its forced tokens, then as many as its
@@ -478,19 +476,26 @@ class CostAwareK:
     def choose(self, offers: Sequence[Offer], remaining: int) -> Choice:
         plain = self.plain()
         if plain.seconds <= 0:
-            self.last = (plain,)
+            self.weighed = (plain,)
             return PLAIN  # one plain step first: it measures what drafting has to beat
         if self.budget is None:
             self.budget = self.OPENING * plain.seconds
         priced = sorted((a for o in offers for a in self.arms(o, remaining)), key=lambda a: -a.rate)
         best = priced[0] if priced and priced[0].rate > plain.rate else plain
-        self.last = (best, *(a for a in priced[:3] if a is not best), plain)[:4]
+        taken = self._take(offers, remaining, best, plain)
+        self.weighed = tuple(dict.fromkeys((taken, best, *priced[:2], plain)))[:4]
+        return taken.choice
+
+    def _take(self, offers: Sequence[Offer], remaining: int, best: Arm, plain: Arm) -> Arm:
+        """Steps 4 and 5: the guard, else the arm that could do best among those whose
+        failure the exploration budget covers, else ``best``."""
         if self.account < 0:
-            return PLAIN  # drafting has lost more than its allowance: the guard
-        # Step 4: the arm that could do best, among those whose failure the budget covers.
+            return plain  # drafting has lost more than its allowance
+        assert self.budget is not None  # opened at the first choice
+        budget = self.budget
         hopes = (a for o in offers for a in self.arms(o, remaining, optimistic=True))
-        affordable = [a for a in hopes if a.rate > best.rate and a.seconds - plain.seconds <= self.budget]
-        return max(affordable, key=lambda a: a.rate).choice if affordable else best.choice
+        affordable = [a for a in hopes if a.rate > best.rate and a.seconds - plain.seconds <= budget]
+        return max(affordable, key=lambda a: a.rate) if affordable else best
 
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)
