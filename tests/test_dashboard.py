@@ -153,6 +153,21 @@ def test_chart_tables() -> None:
     assert timed.tokens_per_second == pytest.approx(5 / 0.58)  # before the server's final statistics
 
 
+def test_the_policys_reasons_per_step() -> None:
+    run = _run()
+    assert charts.policy_view(run)["arm taken"].isna().all()  # these steps carry no arms
+    why = LiveRun(drafter="hybrid")
+    arms = [
+        {"source": "model", "k": 4, "tokens_per_second": 22.5},
+        {"source": "plain", "k": 0, "tokens_per_second": 15.9},
+    ]
+    why.add_chunk({"provenance": [_token(1, "a", "bonus")], "step": {**_step(0, 4, [], 0), "arms": arms}}, 0.1)
+    plain_first = [{"source": "plain", "k": 0, "tokens_per_second": 34.5}]
+    why.add_chunk({"provenance": [_token(2, "b", "bonus")], "step": {**_step(1, 0, [], 0), "arms": plain_first}}, 0.2)
+    frame = charts.policy_view(why)
+    assert list(frame["arm taken"]) == [22.5, 34.5] and list(frame["plain decoding"]) == [15.9, 34.5]
+
+
 def test_compare_runs() -> None:
     spec, plain = _run(), LiveRun(drafter="off")
     for i, token in enumerate(spec.tokens):

@@ -80,6 +80,18 @@ def test_greedy_output_is_the_targets(request, tiny_target, baseline, drafter, d
     assert result.metrics.new_tokens == N
 
 
+def test_each_step_says_which_arm_the_cost_policy_took_and_why(tiny_target, tiny_same_draft, baseline):
+    engine = SpeculativeEngine.from_models(tiny_target, tiny_same_draft)
+    result = engine.generate(PROMPT, config(k_policy="cost"))
+    assert result.tokens == baseline
+    for event in result.events:
+        taken, *others = event.arms
+        assert taken[:2] == (event.source or "plain", event.k)  # the one taken first
+        assert "plain" in [arm[0] for arm in event.arms] and all(rate >= 0 for _, _, rate in event.arms)
+    fixed = SpeculativeEngine.from_models(tiny_target, tiny_same_draft).generate(PROMPT, config(k_policy="fixed"))
+    assert all(event.arms == [] for event in fixed.events)  # a fixed rule weighs nothing
+
+
 def test_greedy_same_draft_accepts_everything(tiny_target, tiny_same_draft, baseline):
     engine = SpeculativeEngine.from_models(tiny_target, tiny_same_draft)
     result = engine.generate(PROMPT, config(k_policy="fixed", k=4, confidence_threshold=0.0))

@@ -69,6 +69,7 @@ class _Run:
         self.step = 0
         self.prefill_seconds = 0.0
         self.finished = False
+        self.arms: list[tuple[str, int, float]] = []  # what the policy weighed for the step under way
 
     @property
     def generated(self) -> int:
@@ -83,6 +84,7 @@ class _Run:
         (the target adds a token of its own)."""
         offers = drafter.offers(self.context) if drafter is not None else ()
         choice = self.policy.choose(offers, self.remaining)
+        self.arms = [arm.describe() for arm in self.policy.weighed]
         return Choice(choice.offer, min(choice.k, self.remaining - 1)) if choice.k else PLAIN
 
     def masks(self, proposal: Proposal) -> torch.Tensor | None:  # [k + 1, W] int32 bitmask, or None: all allowed
@@ -160,6 +162,7 @@ class _Run:
             finish_reason=reason,
             extra=dict(check.extra),
             forced=proposal.forced,
+            arms=self.arms,
         )
         self.step += 1
         return event

@@ -38,6 +38,9 @@ class StepEvent:
     finish_reason: str | None = None  # "length" | "eos" | "stop" | "error" (the target went away)
     extra: dict[str, Any] = field(default_factory=dict)  # backend timings (e.g. network); "detail": why it ended
     forced: int = 0  # the first this many proposed tokens were a grammar's forced text
+    # Why this block: the arms the policy weighed, the one taken first, each as (source or
+    # "plain", k, expected tokens per second); empty for a policy that weighs none.
+    arms: list[tuple[str, int, float]] = field(default_factory=list)
 
     def drafted_by(self) -> list[tuple[str, int, int]]:
         """(source, proposed, kept) of each part of the block: its forced tokens as

@@ -90,6 +90,7 @@ def _step(event: StepEvent, tokenizer: Tokenizer) -> s.StepInfo:
         draft_seconds=event.draft_seconds,
         verify_seconds=event.verify_seconds,
         step_seconds=event.step_seconds,
+        arms=[s.WeighedArm(source=source, k=k, tokens_per_second=rate) for source, k, rate in event.arms],
     )
 
 

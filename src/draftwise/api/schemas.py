@@ -399,6 +399,14 @@ class DraftedToken(BaseModel):
     target_prob: float | None = Field(None, description="p(token) under the target at that position")
 
 
+class WeighedArm(BaseModel):
+    """A way to run a step that the draft policy weighed, with what it expected of it."""
+
+    source: str = Field(..., description="the drafter's source (model, ngram, ...) or plain")
+    k: int = Field(..., description="draft length")
+    tokens_per_second: float = Field(..., description="expected tokens per second of the rounds the step runs in")
+
+
 class StepInfo(BaseModel):
     """One target pass, streamed with provenance: what was drafted, what was kept, what it cost."""
 
@@ -413,6 +421,9 @@ class StepInfo(BaseModel):
     draft_seconds: float
     verify_seconds: float
     step_seconds: float
+    arms: list[WeighedArm] = Field(
+        [], description="why this block: the arms the cost policy weighed, the one taken first; [] for other policies"
+    )
 
 
 _STATS_DOC = (

@@ -21,6 +21,16 @@ def per_step(run: LiveRun) -> pd.DataFrame:
     return frame.astype("float64")  # k may be unknown (NaN) when the server does not report it
 
 
+def policy_view(run: LiveRun) -> pd.DataFrame:
+    """Per target pass: the tokens/s the policy expected of the arm it took, and of plain
+    decoding, the choice it beat (NaN where the server does not say)."""
+    frame = pd.DataFrame(
+        {"arm taken": [s.expected for s in run.steps], "plain decoding": [s.expected_plain for s in run.steps]},
+        index=pd.Index([s.index + 1 for s in run.steps], name="target pass"),
+    )
+    return frame.astype("float64")
+
+
 def acceptance_by_position(run: LiveRun) -> pd.DataFrame:
     """Share of proposals accepted at each position of the draft block (1 = first drafted)."""
     longest = max((s.proposed for s in run.steps), default=0)

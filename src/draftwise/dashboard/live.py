@@ -49,6 +49,8 @@ class StepView:
     emitted: int
     arrived: float  # seconds from sending the request to receiving this step
     engine_seconds: float | None  # the engine's own time for the step (prefill included on the first)
+    expected: float | None = None  # tokens/s the policy expected of the arm it took
+    expected_plain: float | None = None  # tokens/s it expected of plain decoding
 
 
 def _draft_tokens(step: dict[str, Any], n_accepted: int) -> list[DraftToken]:
@@ -62,6 +64,14 @@ def _draft_tokens(step: dict[str, Any], n_accepted: int) -> list[DraftToken]:
         )
         for i, p in enumerate(step.get("proposed", [])[n_accepted:])
     ]
+
+
+def _expected(step: dict[str, Any] | None) -> dict[str, float | None]:
+    """What the policy expected of the arm it took and of plain decoding (the step's ``arms``:
+    the one taken first), where the server says."""
+    arms = (step or {}).get("arms") or []
+    plain = next((a["tokens_per_second"] for a in arms if a["source"] == "plain"), None)
+    return {"expected": arms[0]["tokens_per_second"] if arms else None, "expected_plain": plain}
 
 
 @dataclass
@@ -133,6 +143,7 @@ class LiveRun:
                 emitted=len(provenance),
                 arrived=at,
                 engine_seconds=engine_seconds,
+                **_expected(step),
             )
         )
 

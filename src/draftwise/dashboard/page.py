@@ -86,6 +86,10 @@ def _draw_charts(slot: Any, run: LiveRun) -> None:
             st.bar_chart(charts.acceptance_by_position(run)[["acceptance"]], height=220, color=LINE_COLOURS[ACCEPTED])
             st.caption("Running tokens/s (prefill included)")
             st.line_chart(charts.running_rate(run), height=220)
+        why = charts.policy_view(run)
+        if why["arm taken"].notna().any():
+            st.caption("Why each block: expected tokens/s of the arm the policy took, and of plain decoding")
+            st.line_chart(why, height=200, color=[LINE_COLOURS[ACCEPTED], LINE_COLOURS["other"]])
 
 
 def _stream_into(client: ApiClient, body: dict[str, Any], run: LiveRun, slots: Slots, chart_slot: Any | None) -> None:
