@@ -369,6 +369,18 @@ def test_tool_calls_are_forced_up_to_the_first_argument_and_read_back(grammars, 
     assert parse_tool_calls("<tool_call>\n{broken\n</tool_call>") == ("<tool_call>\n{broken\n</tool_call>", [])
 
 
+def test_one_tool_call_ends_the_answer_unless_calls_may_be_parallel(grammars, tiny_target):
+    tok = tiny_target.tokenizer
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    call = ids(tok, '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
+    one = grammars.constraint(tool_call_grammar([("f", schema)], parallel=False, required=True))
+    one.commit(call)
+    assert allowed(one.masks([])[0]) == set(tiny_target.eos_token_ids)  # nothing but the end
+    several = grammars.constraint(tool_call_grammar([("f", schema)], parallel=True, required=True))
+    several.commit(call)
+    assert ids(tok, "\n")[0] in allowed(several.masks([])[0])  # another call may follow
+
+
 @pytest.mark.parametrize(
     ("text", "end"), [("plain", 5), ("then <tool", 5), ("x<tool_call>\n{", 1), ("<", 0), ("a < b", 5)]
 )

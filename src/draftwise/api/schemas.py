@@ -316,7 +316,11 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="none, auto (the default with tools), required, or one function by name"
     )
-    parallel_tool_calls: Bool = Field(True, description="whether an answer may hold several tool calls")
+    parallel_tool_calls: Bool = Field(
+        False,
+        description="whether an answer may hold several tool calls; by default one, after which the answer ends "
+        "(as llama-server does: a small model asked for one action otherwise goes on inventing calls)",
+    )
 
     @field_validator("tools")
     @classmethod
