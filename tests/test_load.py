@@ -243,7 +243,9 @@ def test_concurrency_and_server_lists_are_parsed_or_refused_in_one_line():
         with pytest.raises(LoadError, match="--concurrency"):
             parse_concurrency(bad)
     assert parse_servers("llama-server,draftwise,draftwise") == ("llama-server", "draftwise")
-    with pytest.raises(LoadError, match="unknown server vllm; choose from draftwise, draftwise-noprediction, llama"):
+    with pytest.raises(
+        LoadError, match="unknown server vllm; choose from draftwise, draftwise-noprediction, draftwise-off, llama"
+    ):
         parse_servers("draftwise,vllm")
 
 
@@ -487,6 +489,8 @@ def test_draftwise_without_prediction_is_the_same_server():
     mine, theirs = server_for("draftwise", config, 4), server_for("draftwise-noprediction", config, 4)
     assert mine.argv == theirs.argv and (mine.name, theirs.name) == ("draftwise", "draftwise-noprediction")
     assert sends_prediction("draftwise") and not sends_prediction("draftwise-noprediction")
+    off = server_for("draftwise-off", config, 4)  # the same server decoding plainly: drafting's baseline
+    assert off.argv == (*mine.argv, "--drafter", "off") and not sends_prediction("draftwise-off")
     rows = [
         {"server": "draftwise", "concurrency": 1, "tok_s": 30.0},
         {"server": "draftwise-noprediction", "concurrency": 1, "tok_s": 50.0},  # not a llama-server

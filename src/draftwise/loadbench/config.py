@@ -24,6 +24,7 @@ from draftwise.registry import DEFAULT_TARGET
 ServerName = Literal[
     "draftwise",
     "draftwise-noprediction",
+    "draftwise-off",
     "llama-server",
     "llama-server-spec",
     "llama-server-ngram-simple",
@@ -31,7 +32,8 @@ ServerName = Literal[
 ]
 SERVERS: tuple[ServerName, ...] = get_args(ServerName)
 DEFAULT_SERVERS: tuple[ServerName, ...] = ("draftwise", "llama-server", "llama-server-spec")
-DRAFTWISE_SERVERS: frozenset[str] = frozenset({"draftwise", "draftwise-noprediction"})
+# draftwise-off: the same server decoding plainly (--drafter off), the baseline drafting must beat.
+DRAFTWISE_SERVERS: frozenset[str] = frozenset({"draftwise", "draftwise-noprediction", "draftwise-off"})
 LLAMA_SERVERS: frozenset[str] = frozenset(
     {"llama-server", "llama-server-spec", "llama-server-ngram-simple", "llama-server-ngram-mod"}
 )

@@ -82,14 +82,16 @@ def llama_server_binary(config: LoadConfig) -> Path:
 
 def draftwise_server(config: LoadConfig, slots: int, name: str = "draftwise") -> Server:
     """``draftwise serve`` with ``slots`` slots, the run's models, threads and context (``name``:
-    draftwise or draftwise-noprediction, the same server whose clients send no prediction)."""
+    draftwise; draftwise-noprediction, the same server whose clients send no prediction; or
+    draftwise-off, the same server decoding plainly)."""
     argv = [*CLI, "serve", "--target", config.target, "--slots", str(slots), "--queue-size", str(slots)]
     argv += ["--threads", str(config.threads), "--context", str(config.context)]
     argv += ["--timeout", f"{config.request_timeout:g}"]
     if config.draft_model is not None:
         argv += ["--draft", config.draft_model]
-    if config.drafter is not None:
-        argv += ["--drafter", config.drafter]
+    drafter = "off" if name == "draftwise-off" else config.drafter
+    if drafter is not None:
+        argv += ["--drafter", drafter]
     for name, value in config.models.model_dump(exclude_defaults=True, exclude={"threads", "context"}).items():
         # `draftwise serve` spells every ModelOptions field as its flag, without an alias (a test
         # checks these against serve's flags); spelt here so this layer does not import the CLI.
