@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftwise.costs import CostCache, calibrate, time_passes
+from draftwise.costs import CostCache, calibrate, plausible, time_passes
 from draftwise.drafters import MODEL
 
 
@@ -64,3 +64,22 @@ def test_an_unwritable_cache_only_costs_measuring_again(tiny_target, tmp_path):
     blocked.write_text("not a folder")
     profile = calibrate(tiny_target, None, k_max=2, cache=CostCache(blocked / "costs.json"))
     assert profile.pass_times.known(3)
+
+
+def test_a_curve_no_machine_could_have_is_timed_again_and_never_cached(tiny_target, cache, monkeypatch):
+    # A pass over n rows does at most n one-row passes' work: 6 rows at 21 one-row passes
+    # were timed beside something else. Such a cached curve is measured again.
+    assert plausible({1: 0.030, 2: 0.051, 4: 0.094}) and not plausible({1: 0.065, 2: 0.156, 6: 1.377})
+    assert not plausible({2: 0.05})  # no one-row pass to judge by
+    key = CostCache.key(tiny_target, "passes 1,2,3")
+    cache.put(key, {"1": 0.065, "2": 0.156, "3": 1.377})
+    busy = iter([{1: 0.03, 2: 0.9, 3: 0.08}, {1: 0.05, 2: 0.05, 3: 0.09}])  # then quiet
+    monkeypatch.setattr("draftwise.costs.time_passes", lambda lm, sizes: next(busy))
+    profile = calibrate(tiny_target, None, k_max=2, cache=cache)
+    assert [profile.pass_times.at(n) for n in (1, 2, 3)] == [0.03, 0.05, 0.08]  # each size's fastest
+    assert cache.get(key) == {"1": 0.03, "2": 0.05, "3": 0.08}
+    always_busy = iter([{1: 0.01, 2: 0.5, 3: 0.5}] * 3)
+    monkeypatch.setattr("draftwise.costs.time_passes", lambda lm, sizes: next(always_busy))
+    cache.put(key, {"1": 0.065, "2": 0.156, "3": 1.377})
+    calibrate(tiny_target, None, k_max=2, cache=cache)  # three attempts, none plausible
+    assert cache.get(key) == {"1": 0.065, "2": 0.156, "3": 1.377}  # not cached over
