@@ -239,8 +239,8 @@ class Acceptance:
     positions 3 and on: (2 + 2 * 0.83) / (2 + 2) = 0.92.
     """
 
-    DECAY = 0.7
-    SHRINK = 2.0
+    DECAY = 0.7  # of the older counts at each block: about three blocks' memory, 1 / (1 - 0.7)
+    SHRINK = 2.0  # tries' worth of the pooled rate in each position's: one try does not decide
 
     def __init__(self) -> None:
         self.tried: list[float] = []
