@@ -229,7 +229,7 @@ def test_no_probe_where_no_plausible_acceptance_could_pay():
     # fewer than k + 1 tokens at any acceptance below 1, so nothing is tried.
     policy = host({n: 10 * n for n in (1, 2, 4, 8, 16, 32, 64)})
     assert all(policy.choose([LOOKUP], 1000) == PLAIN for _ in range(20))
-    policy.others = 8
+    policy.others = policy.streams = 8
     assert all(policy.choose([LOOKUP], 1000) == PLAIN for _ in range(20))
 
 
@@ -281,9 +281,10 @@ def test_pass_times_interpolate_between_measured_sizes_and_extend_the_last_segme
 # --- beside other streams: rows priced on the round they ride in ------------------------------
 
 
-def _shared_pass(rows: int, seconds: float) -> Outcome:
-    """A plain step's outcome whose pass held ``rows`` rows, all but one other streams'."""
-    return Outcome(PLAIN, 0, 0, 0.0, seconds, pass_info=PassInfo(rows, seconds))
+def _shared_pass(rows: int, seconds: float, streams: int | None = None) -> Outcome:
+    """A plain step's outcome whose pass held ``rows`` rows, all but one other streams' (of
+    ``streams`` streams in all; by default a stream a row)."""
+    return Outcome(PLAIN, 0, 0, 0.0, seconds, pass_info=PassInfo(rows, seconds, streams or rows))
 
 
 def test_passes_shared_with_other_streams_make_a_curve_of_their_own():
@@ -294,7 +295,7 @@ def test_passes_shared_with_other_streams_make_a_curve_of_their_own():
     profile.learn(_shared_pass(4, 0.15))
     assert profile.pass_times.at(4) == 0.04 and not profile.pass_times.known(4)
     assert profile.shared_times.at(4) == pytest.approx(0.7 * 0.17 + 0.3 * 0.15)
-    assert profile.others_rows == 3
+    assert (profile.others_rows, profile.others) == (3, 3)
 
 
 def test_beside_other_streams_the_shared_curve_never_falls():
@@ -311,13 +312,13 @@ def test_beside_other_streams_the_shared_curve_never_falls():
 
 
 def test_a_stream_beside_b_rows_prices_its_rows_on_the_round_it_is_in():
-    # The last pass held 8 rows of other streams: a block of k rows emits 8 + E tokens in a
-    # pass of T(9 + k); plain 9 in T(9). Groups of 4 rows: 12 rows cost less than 9.
+    # The last pass held 8 other streams' rows: a block of k rows emits 8 + E tokens in a pass
+    # of T(9 + k); plain 9 in T(9). Groups of 4 rows: 12 rows cost less than 9.
     curve = {1: 65, 2: 88, 4: 86, 8: 152, 9: 190, 10: 200, 11: 210, 12: 160, 13: 195, 16: 169, 32: 338}
     policy = host(curve)
     know(policy, "ngram:1", [0.5] * 12)
-    policy.update(Outcome(PLAIN, 0, 0, 0.0, 0.19, pass_info=PassInfo(9, 0.19)))
-    assert policy.others == 8
+    policy.update(_shared_pass(9, 0.19))
+    assert policy.others == policy.streams == 8
     expected = policy.acceptance("ngram:1").expected(3)[3]
     assert policy.arms(LOOKUP, 1000)[2].rate == pytest.approx((8 + expected) / 0.160)
     assert policy.plain().rate == pytest.approx(9 / 0.190)
@@ -331,12 +332,25 @@ def test_under_load_a_draft_models_passes_keep_its_stream_out_of_rounds():
     policy = host(INTEL, draft_ms=21)
     know(policy, "model", [0.95] * 12)
     assert policy.choose([DRAFT_MODEL], 1000).k > 0  # alone it pays
-    policy.others = 8
+    policy.others = policy.streams = 8
     arm = policy.arms(DRAFT_MODEL, 1000)[1]  # k = 2
     expected = policy.acceptance("model").expected(2)[2]
     t8, t11 = 0.147, measured(INTEL).at(11)
     assert arm.rate == pytest.approx((8 * 3 + expected) / (2 * (t8 + 0.021) + t11))
     assert policy.choose([DRAFT_MODEL], 1000) == PLAIN
+
+
+def test_a_prompt_fed_beside_counts_as_one_stream_not_as_its_rows():
+    # One other stream feeds 60 rows of its prompt: counted as 60 streams each emitting a token,
+    # twelve draft rounds beside it looked nearly free. It emits nothing, at most one token.
+    policy = host(AMD, draft_ms=11)
+    know(policy, "model", [0.95] * 12)
+    policy.update(_shared_pass(61, 0.85, streams=2))
+    assert (policy.others, policy.streams) == (60, 1)
+    assert policy.choose([DRAFT_MODEL], 1000) == PLAIN
+    rows_as_streams = max(arm.rate for arm in policy.arms(DRAFT_MODEL, 1000))
+    policy.streams = 60
+    assert max(arm.rate for arm in policy.arms(DRAFT_MODEL, 1000)) > 10 * rows_as_streams
 
 
 # --- forced tokens (a grammar's): sure, free, and a block may go on past them -----------------

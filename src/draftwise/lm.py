@@ -71,10 +71,13 @@ class Tokenizer(Protocol):
 class PassInfo:
     """The target pass behind a forward's scores: its rows, over every sequence it served,
     and how long it took. A backend that batches sequences (llama.cpp) reports it; where a
-    forward runs alone, its rows are the tokens fed and its time the call's."""
+    forward runs alone, its rows are the tokens fed and its time the call's. ``sequences``:
+    how many sequences the pass served (a stream decoding emits a token a pass; a prompt fed
+    in pieces puts many rows in and emits none)."""
 
     rows: int
     seconds: float
+    sequences: int = 1
 
 
 @dataclass(eq=False)

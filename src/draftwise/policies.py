@@ -95,6 +95,11 @@ class Outcome:
         """Rows of other streams in the same pass."""
         return max(0, self.pass_info.rows - self.own_rows) if self.pass_info is not None else 0
 
+    @property
+    def others(self) -> int:
+        """Other streams in the same pass."""
+        return max(0, self.pass_info.sequences - 1) if self.pass_info is not None else 0
+
 
 class DraftPolicy(Protocol):
     # The arms weighed at the last choice (the one taken first, then the best others and
@@ -310,9 +315,10 @@ class CostProfile:
     draft_token_seconds: dict[str, float] = field(default_factory=dict)  # per source: its own passes
     catchup_token_seconds: dict[str, float] = field(default_factory=dict)  # per source
     acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per statistics key
-    # Rows other streams put in the last pass this stream's rows rode in (batched backends):
+    # Rows and streams of others in the last pass this stream's rows rode in (batched backends):
     # the next generation starts from the load the last one saw, not from an empty machine.
     others_rows: int = 0
+    others: int = 0
     # The shared pass learnt last: every stream in a pass reports it, and it counts once.
     _last_shared: PassInfo | None = field(default=None, repr=False)
 
@@ -326,7 +332,7 @@ class CostProfile:
             self.shared_times.add(info.rows, info.seconds)
             self._last_shared = info
         if info is not None:
-            self.others_rows = outcome.others_rows
+            self.others_rows, self.others = outcome.others_rows, outcome.others
         source = outcome.choice.source
         if source is None or outcome.n_proposed == 0:
             return
@@ -366,12 +372,14 @@ class CostAwareK:
        ``CATCHUP_HORIZON``.
     2. **Value.** A block of ``k`` tokens past the ``sure`` forced ones is expected to emit
        ``sure + E(k)`` tokens, ``E`` from the source's acceptance by position (``Acceptance``).
-    3. **Choose** the arm whose round emits the most tokens per second, counting what the
-       other streams emit in the rounds it takes: ``(B (1 + r) + E) / (r (T(B) + d) + T(B + k +
-       1) + c)`` with ``r`` model passes of ``d`` seconds each, against plain decoding's
-       ``(B + 1) / T(B + 1)``. Alone that is ``E / (r d + T(k + 1) + c)`` against ``1 / T(1)``;
-       in a full round a stream's extra rows slow everyone's pass and its draft passes keep it
-       out of ``r`` rounds, so only sure, cheap drafts pay.
+    3. **Choose** the arm whose rounds emit the most tokens per second, counting a token for
+       each of the ``S`` other streams in each round it takes: ``(S (1 + r) + E) / (r (T(B) +
+       d) + T(B + k + 1) + c)`` with ``r`` model passes of ``d`` seconds each, against plain
+       decoding's ``(S + 1) / T(B + 1)``. Alone that is ``E / (r d + T(k + 1) + c)`` against
+       ``1 / T(1)``; in a full round a stream's extra rows slow everyone's pass and its draft
+       passes keep it out of ``r`` rounds, so only sure, cheap drafts pay. Streams, not rows:
+       a prompt fed in pieces puts many rows in a pass and emits nothing (counted as rows, it
+       made a 12-token draft model block look free beside it).
     4. **Explore.** Where some arm, at an optimistic acceptance (``Acceptance.rates``), would
        beat the choice, it is tried instead if the exploration budget covers what it loses
        against plain decoding when nothing is kept; the budget pays only for steps that lost.
@@ -417,6 +425,7 @@ class CostAwareK:
         self.account = 0.0  # seconds drafting is ahead of plain decoding, plus the allowance
         self.budget: float | None = None  # seconds exploration may still lose (opens at the first choice)
         self.others = self.profile.others_rows  # rows of other streams in the last pass ours rode in
+        self.streams = self.profile.others  # and the streams they belong to
         # This stream's acceptance, from the last generation's (a prompt of its own may differ).
         self._acceptance = {key: copy.deepcopy(counts) for key, counts in self.profile.acceptance.items()}
         self.plain_step: float | None = None  # this stream's plain step, as measured
@@ -452,7 +461,7 @@ class CostAwareK:
 
     def plain(self) -> Arm:
         seconds = self._pass(self.others + 1)
-        return Arm(PLAIN, (self.others + 1) / seconds if seconds > 0 else 0.0, seconds)
+        return Arm(PLAIN, (self.streams + 1) / seconds if seconds > 0 else 0.0, seconds)
 
     def arms(self, offer: Offer, remaining: int, optimistic: bool = False) -> list[Arm]:
         """Each block length ``offer`` may draft, priced (steps 1 to 3)."""
@@ -469,7 +478,7 @@ class CostAwareK:
             fed = catchup if guessed else 0.0  # forced tokens alone need no model
             seconds = guessed * draft + rounds * self._pass(others) + self._pass(others + k + 1)
             spread = seconds + fed / min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
-            rate = (others * (1 + rounds) + tokens) / spread if spread > 0 else 0.0
+            rate = (self.streams * (1 + rounds) + tokens) / spread if spread > 0 else 0.0
             arms.append(Arm(Choice(offer, k), rate, seconds + fed))
         return arms
 
@@ -500,7 +509,7 @@ class CostAwareK:
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)
         if outcome.pass_info is not None:
-            self.others = outcome.others_rows
+            self.others, self.streams = outcome.others_rows, outcome.others
         seconds = outcome.draft_seconds + outcome.catchup_seconds + outcome.verify_seconds
         self.account += self.ALLOWANCE * seconds
         plain_step = self.plain_step or self.plain().seconds

@@ -274,7 +274,7 @@ class LlamaCppModel:
 
     def end(self, request: Request) -> torch.Tensor:  # [want, V]
         """``request`` was fed whole: the sequence holds its tokens; its scores."""
-        self.last_pass = PassInfo(request.pass_rows, request.pass_seconds)
+        self.last_pass = PassInfo(request.pass_rows, request.pass_seconds, request.pass_sequences)
         self.tokens.extend(request.tokens)
         return request.result()
 

@@ -71,6 +71,7 @@ class Request:
     rows: list[torch.Tensor] = field(default_factory=list)
     pass_rows: int = 0  # of the last pass that fed this request, over every sequence in it
     pass_seconds: float = 0.0
+    pass_sequences: int = 1
     after: int = 0  # tokens its sequence feeds next, once this is done (``Forward.after``)
 
     @property
@@ -158,7 +159,7 @@ class _Context:
             raise RuntimeError(f"llama_decode failed ({status}) on {self.weights.name}: {self.weights.reason()}")
         seconds = time.perf_counter() - started
         for request, _ in plan:
-            request.pass_rows, request.pass_seconds = n, seconds
+            request.pass_rows, request.pass_seconds, request.pass_sequences = n, seconds, len(plan)
         self._hand_out(outputs, sum(k for _, k in outputs), plan)
         return {request.seq for request, _ in plan}
 
