@@ -311,6 +311,8 @@ def test_a_mixed_block_gives_forced_tokens_a_point_mass_beside_the_model(grammar
 class _MixedFirst:
     """A draft policy that always drafts the longest block past the forced text it is offered."""
 
+    weighed = ()
+
     def choose(self, offers, remaining):
         mixed = [offer for offer in offers if offer.source.startswith("grammar+")]
         offer = mixed[0] if mixed else (offers[0] if offers else None)

@@ -414,9 +414,11 @@ class CostAwareK:
     # "never slower" promise's slack, small beside run-to-run noise on these hosts.
     ALLOWANCE = 0.03
     # The exploration budget holds at most this many plain steps: enough for one probe of a
-    # short block (2 to 5 rows cost 1.3 to 3.3 plain steps on the hosts measured) at the
-    # start, so a run learns early whether drafting pays, and no burst of probes later.
-    OPENING = 2.0
+    # block of up to 4 rows (1.3 to 3.3 plain steps on the hosts measured, so a failed one
+    # loses up to 2.3), at the start, so a run learns early whether drafting pays, and no
+    # burst of probes later. Smaller, and a 4-row probe could never be afforded on a host
+    # whose rows cost nearly a one-row pass each.
+    OPENING = 4.0
 
     def __init__(self, config: DraftConfig, profile: CostProfile | None = None) -> None:
         self.k_max = config.k_max
