@@ -14,6 +14,7 @@ from statistics import mean
 
 import pytest
 
+from bench_support import bench_record
 from draftwise.bench.analysis import OVERALL, decode_rate, prompt_decode_rate, summarize
 from draftwise.bench.anchors_llamacpp import (
     LlamaCppSpecMethod,
@@ -40,40 +41,19 @@ TIMES = {
 }
 
 
-def _record(method: str, prompt: Prompt, new: int, wall: float, ttft: float | None) -> dict:
-    timed = ttft is not None
-    return {
-        "method": method,
-        "prompt_id": prompt.id,
-        "subtask": prompt.subtask,
-        "turn": 0,
-        "new_tokens": new,
-        "tokens": list(range(new)),
-        "wall_seconds": wall,
-        "ttft_seconds": ttft,
-        "timed_deliveries": timed,
-        "arrivals": [ttft, wall] if timed else [wall],
-        "step_tokens": [1, new - 1] if timed else [new],
-        "steps": None,
-        "metrics": None,
-        "rollback_seconds": None,
-        "perplexity": 2.0,
-    }
-
-
 @pytest.fixture(scope="module")
 def summary() -> dict:
-    records = [_record(m, p, *TIMES[m][p.id]) for m in METHODS for p in PROMPTS]
+    records = [bench_record(m, p, *TIMES[m][p.id]) for m in METHODS for p in PROMPTS]
     return summarize(records, PROMPTS, METHODS, greedy=False)
 
 
 def test_decode_rate_leaves_the_first_token_out() -> None:
-    record = _record("baseline", PROMPTS[0], 11, 2.0, 0.5)
+    record = bench_record("baseline", PROMPTS[0], 11, 2.0, 0.5)
     assert decode_rate(record) == pytest.approx(10 / 1.5)
-    assert decode_rate(_record("llamacpp-spec", PROMPTS[0], 11, 2.0, None)) is None
-    second = _record("baseline", PROMPTS[0], 5, 1.0, 0.2)
+    assert decode_rate(bench_record("llamacpp-spec", PROMPTS[0], 11, 2.0, None)) is None
+    second = bench_record("baseline", PROMPTS[0], 5, 1.0, 0.2)
     assert prompt_decode_rate([record, second]) == pytest.approx((10 + 4) / (1.5 + 0.8))
-    assert prompt_decode_rate([record, _record("x", PROMPTS[0], 3, 1.0, None)]) is None
+    assert prompt_decode_rate([record, bench_record("x", PROMPTS[0], 3, 1.0, None)]) is None
 
 
 def test_decode_phase_speedup_over_the_baseline(summary) -> None:

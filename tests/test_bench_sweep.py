@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from bench_support import bench_record
 from draftwise.bench.analysis import OVERALL, complete_prompts, summarize, worst_prompt
 from draftwise.bench.config import BenchConfig, parse_sweep_run, sweep_run
 from draftwise.bench.dataset import Prompt
@@ -47,27 +48,7 @@ def _config(tmp_path: Path, **overrides: Any) -> BenchConfig:
     return BenchConfig(**{**settings, **overrides})
 
 
-def _record(method: str, prompt: Prompt) -> dict[str, Any]:
-    new, wall = TOKENS[prompt.id], WALL[method][prompt.id]
-    return {
-        "method": method,
-        "prompt_id": prompt.id,
-        "subtask": prompt.subtask,
-        "turn": 0,
-        "new_tokens": new,
-        "tokens": list(range(new)),
-        "wall_seconds": wall,
-        "ttft_seconds": wall / 4,
-        "arrivals": [wall / 4, wall],
-        "step_tokens": [1, new - 1],
-        "steps": None,
-        "metrics": None,
-        "rollback_seconds": None,
-        "perplexity": 2.0,
-    }
-
-
-RECORDS = [_record(m, p) for m in WALL for p in PROMPTS]
+RECORDS = [bench_record(m, p, TOKENS[p.id], WALL[m][p.id], WALL[m][p.id] / 4) for m in WALL for p in PROMPTS]
 
 
 def test_runs_add_each_drafter_at_each_length_after_the_others(tmp_path: Path) -> None:
