@@ -229,7 +229,7 @@ def test_no_probe_where_no_plausible_acceptance_could_pay():
     # fewer than k + 1 tokens at any acceptance below 1, so nothing is tried.
     policy = host({n: 10 * n for n in (1, 2, 4, 8, 16, 32, 64)})
     assert all(policy.choose([LOOKUP], 1000) == PLAIN for _ in range(20))
-    policy.others = policy.streams = 8
+    policy.others_rows = policy.others_streams = 8
     assert all(policy.choose([LOOKUP], 1000) == PLAIN for _ in range(20))
 
 
@@ -295,7 +295,7 @@ def test_passes_shared_with_other_streams_make_a_curve_of_their_own():
     profile.learn(_shared_pass(4, 0.15))
     assert profile.pass_times.at(4) == 0.04 and not profile.pass_times.known(4)
     assert profile.shared_times.at(4) == pytest.approx(0.7 * 0.17 + 0.3 * 0.15)
-    assert (profile.others_rows, profile.others) == (3, 3)
+    assert (profile.others_rows, profile.others_streams) == (3, 3)
 
 
 def test_beside_other_streams_the_shared_curve_never_falls():
@@ -305,8 +305,8 @@ def test_beside_other_streams_the_shared_curve_never_falls():
     for rows, ms in {4: 147, 5: 162, 6: 157, 8: 190}.items():
         policy.update(_shared_pass(rows, ms / 1000))
     assert policy.profile.shared_times.at(6) == pytest.approx(0.157)
-    assert policy.others == 7 and policy.profile.shared_times.at(6, rising=True) == pytest.approx(0.162)
-    policy.others = 4
+    assert policy.others_rows == 7 and policy.profile.shared_times.at(6, rising=True) == pytest.approx(0.162)
+    policy.others_rows = 4
     know(policy, "ngram:1", [0.5] * 12)
     assert policy.arms(LOOKUP, 1000)[0].seconds == pytest.approx(0.162)  # T(4 + 2) read as T(5)
 
@@ -318,7 +318,7 @@ def test_a_stream_beside_b_rows_prices_its_rows_on_the_round_it_is_in():
     policy = host(curve)
     know(policy, "ngram:1", [0.5] * 12)
     policy.update(_shared_pass(9, 0.19))
-    assert policy.others == policy.streams == 8
+    assert policy.others_rows == policy.others_streams == 8
     expected = policy.acceptance("ngram:1").expected(3)[3]
     assert policy.arms(LOOKUP, 1000)[2].rate == pytest.approx((8 + expected) / 0.160)
     assert policy.plain().rate == pytest.approx(9 / 0.190)
@@ -332,7 +332,7 @@ def test_under_load_a_draft_models_passes_keep_its_stream_out_of_rounds():
     policy = host(INTEL, draft_ms=21)
     know(policy, "model", [0.95] * 12)
     assert policy.choose([DRAFT_MODEL], 1000).k > 0  # alone it pays
-    policy.others = policy.streams = 8
+    policy.others_rows = policy.others_streams = 8
     arm = policy.arms(DRAFT_MODEL, 1000)[1]  # k = 2
     expected = policy.acceptance("model").expected(2)[2]
     t8, t11 = 0.147, measured(INTEL).at(11)
@@ -346,10 +346,10 @@ def test_a_prompt_fed_beside_counts_as_one_stream_not_as_its_rows():
     policy = host(AMD, draft_ms=11)
     know(policy, "model", [0.95] * 12)
     policy.update(_shared_pass(61, 0.85, streams=2))
-    assert (policy.others, policy.streams) == (60, 1)
+    assert (policy.others_rows, policy.others_streams) == (60, 1)
     assert policy.choose([DRAFT_MODEL], 1000) == PLAIN
     rows_as_streams = max(arm.rate for arm in policy.arms(DRAFT_MODEL, 1000))
-    policy.streams = 60
+    policy.others_streams = 60
     assert max(arm.rate for arm in policy.arms(DRAFT_MODEL, 1000)) > 10 * rows_as_streams
 
 

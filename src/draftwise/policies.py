@@ -96,7 +96,7 @@ class Outcome:
         return max(0, self.pass_info.rows - self.own_rows) if self.pass_info is not None else 0
 
     @property
-    def others(self) -> int:
+    def others_streams(self) -> int:
         """Other streams in the same pass."""
         return max(0, self.pass_info.sequences - 1) if self.pass_info is not None else 0
 
@@ -318,7 +318,7 @@ class CostProfile:
     # Rows and streams of others in the last pass this stream's rows rode in (batched backends):
     # the next generation starts from the load the last one saw, not from an empty machine.
     others_rows: int = 0
-    others: int = 0
+    others_streams: int = 0
     # The shared pass learnt last: every stream in a pass reports it, and it counts once.
     _last_shared: PassInfo | None = field(default=None, repr=False)
 
@@ -332,7 +332,7 @@ class CostProfile:
             self.shared_times.add(info.rows, info.seconds)
             self._last_shared = info
         if info is not None:
-            self.others_rows, self.others = outcome.others_rows, outcome.others
+            self.others_rows, self.others_streams = outcome.others_rows, outcome.others_streams
         source = outcome.choice.source
         if source is None or outcome.n_proposed == 0:
             return
@@ -426,8 +426,8 @@ class CostAwareK:
         self.profile = profile or CostProfile()
         self.account = 0.0  # seconds drafting is ahead of plain decoding, plus the allowance
         self.budget: float | None = None  # seconds exploration may still lose (opens at the first choice)
-        self.others = self.profile.others_rows  # rows of other streams in the last pass ours rode in
-        self.streams = self.profile.others  # and the streams they belong to
+        self.others_rows = self.profile.others_rows  # rows of other streams in the last pass ours rode in
+        self.others_streams = self.profile.others_streams  # and the streams they belong to
         # This stream's acceptance, from the last generation's (a prompt of its own may differ).
         self._acceptance = {key: copy.deepcopy(counts) for key, counts in self.profile.acceptance.items()}
         self.plain_step: float | None = None  # this stream's plain step, as measured
@@ -449,7 +449,7 @@ class CostAwareK:
 
     def _pass(self, rows: int) -> float:
         """``T(rows)`` where the rows ride beside the other streams' (``T(0)`` = 0)."""
-        curve = self._curve(self.others)
+        curve = self._curve(self.others_rows)
         return (curve.at(rows, rising=curve is self.profile.shared_times) or 0.0) if rows > 0 else 0.0
 
     def longest(self, offer: Offer) -> int:
@@ -462,12 +462,12 @@ class CostAwareK:
         return top if offer.limit is None else min(top, offer.limit)
 
     def plain(self) -> Arm:
-        seconds = self._pass(self.others + 1)
-        return Arm(PLAIN, (self.streams + 1) / seconds if seconds > 0 else 0.0, seconds)
+        seconds = self._pass(self.others_rows + 1)
+        return Arm(PLAIN, (self.others_streams + 1) / seconds if seconds > 0 else 0.0, seconds)
 
     def arms(self, offer: Offer, remaining: int, optimistic: bool = False) -> list[Arm]:
         """Each block length ``offer`` may draft, priced (steps 1 to 3)."""
-        others, top = self.others, min(self.longest(offer), remaining - 1)  # the target adds a token
+        others, top = self.others_rows, min(self.longest(offer), remaining - 1)  # the target adds a token
         plain = self.pass_times.at(1) or 0.0
         draft = self.profile.draft_token_seconds.get(offer.source, offer.cost_hint * plain)
         catchup = offer.behind * self.profile.catchup_token_seconds.get(offer.source, self.CATCHUP_GUESS * plain)
@@ -480,7 +480,7 @@ class CostAwareK:
             fed = catchup if guessed else 0.0  # forced tokens alone need no model
             seconds = guessed * draft + rounds * self._pass(others) + self._pass(others + k + 1)
             spread = seconds + fed / min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
-            rate = (self.streams * (1 + rounds) + tokens) / spread if spread > 0 else 0.0
+            rate = (self.others_streams * (1 + rounds) + tokens) / spread if spread > 0 else 0.0
             arms.append(Arm(Choice(offer, k), rate, seconds + fed))
         return arms
 
@@ -511,7 +511,7 @@ class CostAwareK:
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)
         if outcome.pass_info is not None:
-            self.others, self.streams = outcome.others_rows, outcome.others
+            self.others_rows, self.others_streams = outcome.others_rows, outcome.others_streams
         seconds = outcome.draft_seconds + outcome.catchup_seconds + outcome.verify_seconds
         self.account += self.ALLOWANCE * seconds
         plain_step = self.plain_step or self.plain().seconds
