@@ -114,10 +114,11 @@ def true_rate(curve_ms: dict[int, float], rates: list[float], k: int, draft_ms: 
     return tokens / (k * draft_ms / 1000 + times.at(k + 1))
 
 
-def simulate(policy, offer, rates, curve_ms, steps, draft_ms=0.0, seed=3, slow=1.0):
+def simulate(policy, offer, rates, curve_ms, steps, draft_ms=0.0, seed=3, slow=1.0, others=0):
     """Run ``steps`` choices on a simulated host: a block of k is kept position by position
     with the true ``rates``, and takes the curve's time (times ``slow``: a host whose passes
-    cost more than the policy was told). Returns (the choices, seconds taken, tokens)."""
+    cost more than the policy was told), beside ``others`` streams decoding plainly, a row
+    each, in the same pass. Returns (the choices, seconds taken, tokens of every stream)."""
     times = measured(curve_ms)
     draw, seconds, tokens, ks = random.Random(seed), 0.0, 0, []
     for _ in range(steps):
@@ -125,11 +126,12 @@ def simulate(policy, offer, rates, curve_ms, steps, draft_ms=0.0, seed=3, slow=1
         kept = 0
         while kept < choice.k and draw.random() < rates[min(kept, len(rates) - 1)]:
             kept += 1
-        verify = slow * times.at(choice.k + 1)
+        verify = slow * times.at(others + choice.k + 1)
         draft = choice.k * draft_ms / 1000
-        policy.update(Outcome(choice, choice.k, kept, draft, verify))
+        shared = PassInfo(others + choice.k + 1, verify, others + 1) if others else None
+        policy.update(Outcome(choice, choice.k, kept, draft, verify, pass_info=shared))
         ks.append(choice.k)
-        seconds, tokens = seconds + draft + verify, tokens + kept + 1
+        seconds, tokens = seconds + draft + verify, tokens + others + kept + 1
     return ks, seconds, tokens
 
 
@@ -213,6 +215,23 @@ def test_the_guard_bounds_what_wrong_estimates_cost(curve):
     bound = CostAwareK.ALLOWANCE * seconds + CostAwareK.OPENING * curve[1] / 1000 + worst_block
     assert any(ks)  # it did draft (the estimates said it pays)
     assert seconds - tokens * plain <= bound
+
+
+@pytest.mark.parametrize("curve", [INTEL, AMD])
+def test_beside_other_streams_the_guard_bounds_the_rounds_loss_by_this_streams_share(curve):
+    # Three other streams ride in every pass. A block the estimates price as paying (passes
+    # take twice what they said, the lookup is right 40% of the time) slows all four: the
+    # round loses at most this stream's quarter of the allowance, the opening and one block,
+    # so four such streams together lose at most the allowance.
+    policy = host(curve)
+    policy.others_rows = policy.others_streams = 3
+    ks, seconds, tokens = simulate(policy, LOOKUP, [0.4], curve, 400, slow=2.0, others=3)
+    times = measured(curve)
+    plain_token = 2.0 * times.at(4) / 4
+    worst_block = 2.0 * (times.at(16) - times.at(4))
+    bound = CostAwareK.ALLOWANCE * seconds / 4 + CostAwareK.OPENING * plain_token + worst_block
+    assert any(ks)
+    assert seconds - tokens * plain_token <= bound
 
 
 @pytest.mark.parametrize("curve", [INTEL, AMD])
@@ -309,6 +328,19 @@ def test_beside_other_streams_the_shared_curve_never_falls():
     policy.others_rows = 4
     know(policy, "ngram:1", [0.5] * 12)
     assert policy.arms(LOOKUP, 1000)[0].seconds == pytest.approx(0.162)  # T(4 + 2) read as T(5)
+
+
+def test_beside_other_streams_a_row_costs_at_least_what_it_costs_alone():
+    # Under load the shared passes measured are the rounds' 4 rows and a prompt's 64-row
+    # pieces: the line between them prices 7 rows below an idle 7-row pass. The idle curve is
+    # the floor, so a 3-token block beside the round is priced at T(7) alone at least.
+    policy = host(AMD)
+    policy.update(_shared_pass(64, 0.70, streams=2))
+    policy.update(_shared_pass(4, 0.11, streams=4))
+    assert policy.profile.shared_times.at(7, rising=True) < measured(AMD).at(7)
+    assert policy.others_rows == 3
+    know(policy, "ngram:1", [0.5] * 12)
+    assert policy.arms(LOOKUP, 1000)[2].seconds == pytest.approx(measured(AMD).at(7))
 
 
 def test_a_stream_beside_b_rows_prices_its_rows_on_the_round_it_is_in():

@@ -351,6 +351,7 @@ class Arm:
     choice: Choice
     rate: float  # expected tokens per second of the rounds the step runs in
     seconds: float  # what the step itself is expected to take, a catch-up included whole
+    failed: float = 1.0  # tokens its rounds emit, all streams', if no guessed token is kept
 
     def describe(self) -> tuple[str, int, float]:
         """(source or "plain", k, expected tokens per second): what the events carry."""
@@ -383,16 +384,22 @@ class CostAwareK:
     4. **Explore.** Where some arm, at an optimistic acceptance (``Acceptance.rates``), would
        beat the choice, it is tried instead if the exploration budget covers what it loses
        against plain decoding when nothing is kept; the budget pays only for steps that lost.
-       It opens full, at ``OPENING`` plain steps, and refills at ``ALLOWANCE`` of the time
-       decoded: an unknown source is tried early, a hopeless one only as often as the
+       It opens full, at ``OPENING`` plain tokens' time, and refills at ``ALLOWANCE`` of the
+       time decoded: an unknown source is tried early, a hopeless one only as often as the
        refills pay for its failures.
     5. **Guard.** The account starts at zero; every step pays ``ALLOWANCE`` of its time into it,
-       and every drafting step what it earned against plain decoding: its tokens times this
-       stream's measured plain step, less its own measured time (negative when it lost).
-       While the account is below zero, nothing is drafted. So on any host, and whatever the
-       estimates get wrong, drafting costs a run at most ``ALLOWANCE`` of its decoding time
-       plus the loss of the one step that overdrew (with the default ``k_max``, a 13-row pass
-       against a one-row one).
+       and every drafting step what it earned against plain decoding: the tokens its rounds
+       emitted times the measured time of a plain token, less its own measured time (negative
+       when it lost). While the account is below zero, nothing is drafted. So on any host, and
+       whatever the estimates get wrong, drafting costs a run at most ``ALLOWANCE`` of its
+       decoding time plus the loss of the one step that overdrew (with the default ``k_max``,
+       a 13-row pass against a one-row one).
+
+    **Beside other streams** a step's loss is everyone's: its rows slow the pass the ``S``
+    others ride in. So steps 4 and 5 count in the round's tokens (a plain token takes the
+    plain round over its ``S + 1`` streams; a step earns for the others' tokens too), and each
+    stream pays in and opens with its ``1 / (S + 1)`` share: the streams of a round together
+    lose at most ``ALLOWANCE`` of its time, not ``S + 1`` times that.
 
     Example, alone, on a host where passes of 1 / 5 rows take 63 / 100 ms and a draft token
     12 ms: a source right 95% of the time at every position, k = 4, emits 4.52 tokens in
@@ -413,7 +420,8 @@ class CostAwareK:
     # What exploration and mistakes may cost a run, as a share of its decoding time: the
     # "never slower" promise's slack, small beside run-to-run noise on these hosts.
     ALLOWANCE = 0.03
-    # The exploration budget holds at most this many plain steps: enough for one probe of a
+    # The exploration budget holds at most this many plain tokens' time (alone, plain steps;
+    # beside S other streams, a plain round's 1 / (S + 1)): enough for one probe of a
     # block of up to 4 rows (1.3 to 3.3 plain steps on the hosts measured, so a failed one
     # loses up to 2.3), at the start, so a run learns early whether drafting pays, and no
     # burst of probes later. Smaller, and a 4-row probe could never be afforded on a host
@@ -430,7 +438,8 @@ class CostAwareK:
         self.others_streams = self.profile.others_streams  # and the streams they belong to
         # This stream's acceptance, from the last generation's (a prompt of its own may differ).
         self._acceptance = {key: copy.deepcopy(counts) for key, counts in self.profile.acceptance.items()}
-        self.plain_step: float | None = None  # this stream's plain step, as measured
+        # A plain round's time over the streams it serves, as measured: a plain token's price.
+        self.plain_token: float | None = None
         self._runs: dict[str, int] = {}  # statistics key -> tokens kept in a row since its last rejection
         self.weighed: tuple[Arm, ...] = ()
 
@@ -448,9 +457,18 @@ class CostAwareK:
         return shared if others > 0 and shared.sizes >= 2 else self.pass_times
 
     def _pass(self, rows: int) -> float:
-        """``T(rows)`` where the rows ride beside the other streams' (``T(0)`` = 0)."""
+        """``T(rows)`` where the rows ride beside the other streams' (``T(0)`` = 0): on the
+        shared curve, read rising, and never below a pass of as many rows alone. Under load the
+        shared sizes measured are few and far apart (the rounds' few rows, a prompt piece's
+        many): the line between them prices the sizes in between below what the kernels take
+        even on an idle machine, which made a block beside a round look nearly free."""
+        if rows <= 0:
+            return 0.0
+        alone = self.pass_times.at(rows) or 0.0
         curve = self._curve(self.others_rows)
-        return (curve.at(rows, rising=curve is self.profile.shared_times) or 0.0) if rows > 0 else 0.0
+        if curve is self.pass_times:
+            return alone
+        return max(alone, curve.at(rows, rising=True) or 0.0)
 
     def longest(self, offer: Offer) -> int:
         """The longest block ``offer`` may draft now: its forced tokens, then as many as its
@@ -480,8 +498,9 @@ class CostAwareK:
             fed = catchup if guessed else 0.0  # forced tokens alone need no model
             seconds = guessed * draft + rounds * self._pass(others) + self._pass(others + k + 1)
             spread = seconds + fed / min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
-            rate = (self.others_streams * (1 + rounds) + tokens) / spread if spread > 0 else 0.0
-            arms.append(Arm(Choice(offer, k), rate, seconds + fed))
+            others_tokens = self.others_streams * (1 + rounds)
+            rate = (others_tokens + tokens) / spread if spread > 0 else 0.0
+            arms.append(Arm(Choice(offer, k), rate, seconds + fed, others_tokens + min(k, offer.sure) + 1))
         return arms
 
     def choose(self, offers: Sequence[Offer], remaining: int) -> Choice:
@@ -490,7 +509,7 @@ class CostAwareK:
             self.weighed = (plain,)
             return PLAIN  # one plain step first: it measures what drafting has to beat
         if self.budget is None:
-            self.budget = self.OPENING * plain.seconds
+            self.budget = self.OPENING / plain.rate
         priced = sorted((a for o in offers for a in self.arms(o, remaining)), key=lambda a: -a.rate)
         best = priced[0] if priced and priced[0].rate > plain.rate else plain
         taken = self._take(offers, remaining, best, plain)
@@ -505,7 +524,7 @@ class CostAwareK:
         assert self.budget is not None  # opened at the first choice
         budget = self.budget
         hopes = (a for o in offers for a in self.arms(o, remaining, optimistic=True))
-        affordable = [a for a in hopes if a.rate > best.rate and a.seconds - plain.seconds <= budget]
+        affordable = [a for a in hopes if a.rate > best.rate and a.seconds - a.failed / plain.rate <= budget]
         return max(affordable, key=lambda a: a.rate) if affordable else best
 
     def update(self, outcome: Outcome) -> None:
@@ -513,15 +532,20 @@ class CostAwareK:
         if outcome.pass_info is not None:
             self.others_rows, self.others_streams = outcome.others_rows, outcome.others_streams
         seconds = outcome.draft_seconds + outcome.catchup_seconds + outcome.verify_seconds
-        self.account += self.ALLOWANCE * seconds
-        plain_step = self.plain_step or self.plain().seconds
-        if self.budget is not None:
-            self.budget = min(self.budget + self.ALLOWANCE * seconds, self.OPENING * plain_step)
+        streams = outcome.others_streams + 1  # who share the round's time, and its allowance
+        self.account += self.ALLOWANCE * seconds / streams
         offer = outcome.choice.offer
         if offer is None:
-            self.plain_step = _decayed(self.plain_step, outcome.verify_seconds)
+            self.plain_token = _decayed(self.plain_token, outcome.verify_seconds / streams)
+        plain = self.plain().rate
+        plain_token = self.plain_token or (1 / plain if plain > 0 else outcome.verify_seconds / streams)
+        if self.budget is not None:
+            self.budget = min(self.budget + self.ALLOWANCE * seconds / streams, self.OPENING * plain_token)
+        if offer is None:
             return
-        earned = (outcome.n_accepted + 1) * plain_step - seconds
+        rounds = max(0, outcome.n_proposed - offer.sure) if offer.passes else 0
+        emitted = (streams - 1) * (1 + rounds) + outcome.n_accepted + 1  # every stream's, in its rounds
+        earned = emitted * plain_token - seconds
         self.account += earned
         if self.budget is not None and earned < 0:
             self.budget += earned  # a probe's loss, or a drafting step's that the estimates got wrong
