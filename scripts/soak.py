@@ -794,7 +794,12 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--hostile-every", type=int, default=8, help="one request in this many is hostile; 0 = none")
     parser.add_argument("--max-hostile", type=int, default=400, help="hostile requests at most (API phase)")
     parser.add_argument("--hostile-bytes", type=int, default=1_000_000, help="size of the special-token prompt")
-    parser.add_argument("--hostile-messages", type=int, default=3000, help="messages in the many-message chat")
+    parser.add_argument(
+        "--hostile-messages",
+        type=int,
+        default=2047,  # odd, so the chat ends on a user message; within a 2048-message limit on a request
+        help="messages in the many-message chat",
+    )
     args = parser.parse_args()
     limit = ServerSettings.model_fields["max_body_bytes"].default
     if not 0 < args.hostile_bytes <= limit - 1024:  # room for the rest of the body
