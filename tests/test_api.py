@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Literal
@@ -416,7 +417,7 @@ def test_engine_failure_is_reported_not_hidden(tiny_target, monkeypatch):
     worker is released either way."""
     from draftwise.api.pool import Worker
 
-    def broken(self, drafter):
+    def broken(self, *args, **kwargs):  # whatever Worker.engine takes (a drafter, a prediction...)
         raise RuntimeError("engine exploded")
 
     for url in _serve(tiny_target, request_timeout=20):
@@ -639,7 +640,10 @@ def test_streamed_tool_calls_come_piece_by_piece_with_an_index(client):
     arguments = "".join(d.function.arguments or "" for d in deltas)
     assert json.loads(arguments)["zone"] in ("utc", "cet")
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # no call as text
-    assert chunks[0].choices[0].delta.role == "assistant"
+    # The role alone opens the stream; the calls follow in chunks of their own, without it.
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    assert chunks[0].choices[0].delta.tool_calls is None
+    assert all(c.choices[0].delta.role is None for c in chunks[1:] if c.choices)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -752,3 +756,111 @@ def test_a_request_takes_the_slot_that_holds_its_prompt(tiny_target):
         again = [ask(client, prompt) for _ in range(2)]
         assert first.prompt_tokens_details.cached_tokens == 0 == other.prompt_tokens_details.cached_tokens
         assert [u.prompt_tokens_details.cached_tokens for u in again] == [first.prompt_tokens - 1] * 2
+
+
+def _events(response: httpx.Response) -> list[dict]:
+    """The JSON chunks of an SSE answer, which must end with [DONE]."""
+    assert response.status_code == 200, response.text
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+FINGERPRINT = r"^draftwise-\d+\.\d+\.\d+\S*-[0-9a-f]{10}$"
+CHAT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0}
+TEXT_BODY = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "kind"),
+    [("/chat/completions", CHAT_BODY, "chat.completion"), ("/completions", TEXT_BODY, "text_completion")],
+)
+@pytest.mark.parametrize("prefix", ["/v1", ""])
+def test_a_response_has_openais_fields(server, path, body, kind, prefix):
+    """As llama.cpp's server tests check an answer: id, object, created, model,
+    system_fingerprint, choices and usage, with or without /v1."""
+    answer = httpx.post(f"{server}{prefix}{path}", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    reply = answer.json()
+    assert {"id", "object", "created", "model", "system_fingerprint", "choices", "usage"} <= set(reply)
+    assert reply["object"] == kind and reply["model"] == MODEL and isinstance(reply["created"], int)
+    assert reply["id"].startswith("chatcmpl-" if kind == "chat.completion" else "cmpl-")
+    assert re.match(FINGERPRINT, reply["system_fingerprint"]), reply["system_fingerprint"]
+    assert reply["choices"][0]["finish_reason"] in ("length", "stop")
+    assert reply["usage"]["total_tokens"] == reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("prefix", ["/v1", ""])
+def test_a_chat_stream_opens_with_the_role_alone(server, prefix):
+    chunks = _events(httpx.post(f"{server}{prefix}/chat/completions", json={**CHAT_BODY, "stream": True}, timeout=60))
+    first, *rest = chunks
+    assert first["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}
+    ]
+    assert rest[0]["choices"][0]["delta"]["content"]  # the text starts in the next chunk
+    assert all("role" not in c["choices"][0]["delta"] for c in rest)
+    plain = httpx.post(f"{server}/v1/chat/completions", json=CHAT_BODY, timeout=60).json()
+    assert rest[-1]["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
+    assert rest[-1]["choices"][0]["delta"] == {}
+    assert all(c["finish_reason"] is None for chunk in chunks[:-1] for c in chunk["choices"])
+    assert len({c["id"] for c in chunks}) == 1 and len({c["system_fingerprint"] for c in chunks}) == 1
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == MODEL for c in chunks)
+    assert re.match(FINGERPRINT, first["system_fingerprint"])
+    assert (
+        "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        == plain["choices"][0]["message"]["content"]
+    )
+    assert first["system_fingerprint"] == plain["system_fingerprint"]
+
+
+def test_a_completion_stream_has_no_role_chunk_and_every_chunk_a_fingerprint(server):
+    chunks = _events(
+        httpx.post(
+            f"{server}/completions",
+            json={**TEXT_BODY, "stream": True, "stream_options": {"include_usage": True}},
+            timeout=60,
+        )
+    )
+    assert chunks[0]["choices"][0]["text"]  # text from the first chunk, as before
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert all(re.match(FINGERPRINT, c["system_fingerprint"]) for c in chunks)
+
+
+def test_the_openai_client_works_without_v1(server, client):
+    bare = openai.OpenAI(base_url=server, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    ask = {"model": MODEL, "max_tokens": 8, "temperature": 0}
+    assert (
+        bare.chat.completions.create(messages=messages, **ask).choices[0].message.content
+        == client.chat.completions.create(messages=messages, **ask).choices[0].message.content
+    )
+    streamed = bare.completions.create(prompt=PROMPT, stream=True, **ask)
+    assert (
+        "".join(c.choices[0].text for c in streamed if c.choices)
+        == client.completions.create(prompt=PROMPT, **ask).choices[0].text
+    )
+    assert [m.id for m in bare.models.list()] == [MODEL] and bare.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        bare.models.retrieve("gpt-4")
+    assert client.chat.completions.create(messages=messages, **ask).system_fingerprint.startswith("draftwise-")
+
+
+def test_the_routes_without_v1_are_documented_once(server):
+    paths = httpx.get(f"{server}/openapi.json").json()["paths"]
+    for path in ("/completions", "/chat/completions", "/models", "/models/{model}"):
+        assert f"/v1{path}" in paths and path not in paths
+    assert httpx.get(f"{server}/models").json() == httpx.get(f"{server}/v1/models").json()  # served all the same
+
+
+def test_the_fingerprint_follows_the_configuration(tiny_target, tiny_near_draft):
+    from draftwise import __version__
+    from draftwise.api.app import _system_fingerprint
+
+    plain = ServerSettings(target=MODEL)
+    one = _system_fingerprint(plain, Pair(tiny_target))
+    assert one == _system_fingerprint(plain, Pair(tiny_target.fork()))  # the same configuration, again
+    assert one.startswith(f"draftwise-{__version__}-") and re.match(FINGERPRINT, one)
+    with_draft = ServerSettings(target=MODEL, draft=MODEL)
+    assert _system_fingerprint(with_draft, Pair(tiny_target, tiny_near_draft)) != one
+    assert _system_fingerprint(ServerSettings(target=MODEL, drafter="off"), Pair(tiny_target)) != one

@@ -350,3 +350,94 @@ def test_openapi_lists_every_status_the_api_sends(url):
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     for request in ("CompletionRequest", "ChatCompletionRequest"):
         assert schema["components"]["schemas"][request]["properties"]["model"]["enum"] == [MODEL]
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# Past the server's 128 levels but short of Python's recursion limit: the parser would take it.
+DEEP = 200
+# Past Python's recursion limit too: the parser itself gives up.
+DEEPEST = 50_000
+PLAIN = json.dumps(OK)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "param", "says"),
+    [
+        (PLAIN, "text/plain", None, "must be JSON sent with Content-Type: application/json (got 'text/plain')"),
+        (PLAIN, "application/x-www-form-urlencoded", None, "(got 'application/x-www-form-urlencoded')"),
+        (PLAIN, None, None, "Content-Type: application/json (got none)"),
+        ("", "application/json", None, "the body is empty"),
+        ("  \n", "application/json", None, "the body is empty"),
+        (
+            b'{"model": "tiny:0", "prompt": "caf\xe9"}',
+            "application/json",
+            "prompt",
+            "not UTF-8 text: byte 0xe9 at offset 34",
+        ),
+        (b"\xff\xfe{\x00}\x00", "application/json", None, "not UTF-8 text: byte 0xff at offset 0"),
+        ('{"model": "tiny:0", "prompt": "hi", "temperature": NaN}', "application/json", "temperature", "NaN is not"),
+        ('{"model": "tiny:0", "prompt": "hi", "top_p": -Infinity}', "application/json", "top_p", "-Infinity is not"),
+        ('{"model": "tiny:0", "prompt": ' + _nested(DEEP) + "}", "application/json", "prompt", "deeper than 128"),
+        ('{"model": "tiny:0", "prompt": ' + _nested(DEEPEST) + "}", "application/json", "prompt", "deeper than 128"),
+        ("[1, 2]", "application/json", None, "the body must be a JSON object, not an array"),
+        ('"hi"', "application/json", None, "the body must be a JSON object, not a string"),
+        ("null", "application/json", None, "the body must be a JSON object, not null"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/v1/completions", "/completions"])
+def test_a_body_that_is_no_json_object_is_a_400_that_says_why(url, path, body, content_type, param, says):
+    headers = {} if content_type is None else {"content-type": content_type}
+    error = _error(httpx.post(f"{url}{path}", content=body, headers=headers), 400)
+    assert says in error["message"] and "\n" not in error["message"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    if param is not None:
+        assert f"(in '{param}')" in error["message"]  # the field is in the message, not only in param
+
+
+def test_nesting_up_to_the_limit_is_read(url):
+    """128 levels (the body's object, then 127 in its prompt) pass the depth check: the prompt is
+    then refused for what it holds, not for its depth; 129 are refused for their depth."""
+
+    def post(levels: int) -> dict:
+        body = '{"model": "tiny:0", "prompt": ' + _nested(levels - 1) + "}"
+        return _error(
+            httpx.post(f"{url}/v1/completions", content=body, headers={"content-type": "application/json"}), 400
+        )
+
+    assert "deeper" not in post(128)["message"] and post(128)["param"] == "prompt"
+    assert "deeper than 128 levels" in post(129)["message"]
+
+
+def test_a_chat_body_is_read_as_strictly_and_the_server_keeps_serving(url):
+    deep = '{"model": "tiny:0", "messages": [{"role": "user", "content": ' + _nested(DEEPEST) + "}]}"
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        error = _error(httpx.post(f"{url}{path}", content=deep, headers={"content-type": "application/json"}), 400)
+        assert error["param"] == "messages" and "deeper than 128 levels" in error["message"]
+        error = _error(
+            httpx.post(f"{url}{path}", content=json.dumps(CHAT), headers={"content-type": "text/plain"}), 400
+        )
+        assert "Content-Type: application/json" in error["message"]
+        # A byte-order mark before the JSON is taken, as Python's parser takes it.
+        response = httpx.post(
+            f"{url}{path}",
+            content=b"\xef\xbb\xbf" + json.dumps(CHAT).encode(),
+            headers={"content-type": "application/json"},
+        )
+        assert response.status_code == 200, response.text
+    # A JSON type other than application/json (an RFC 6839 +json suffix) is JSON too.
+    response = httpx.post(f"{url}/v1/completions", content=PLAIN, headers={"content-type": "application/vnd.api+json"})
+    assert response.status_code == 200, response.text
+
+
+def test_the_routes_without_v1_are_guarded_too(guarded_url):
+    for path in ("/completions", "/chat/completions"):
+        error = _error(httpx.post(f"{guarded_url}{path}", json=OK if path == "/completions" else CHAT), 401)
+        assert error["type"] == "authentication_error"
+    for path in ("/models", f"/models/{MODEL}"):
+        _error(httpx.get(f"{guarded_url}{path}"), 401)
+        assert httpx.get(f"{guarded_url}{path}", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    error = _error(httpx.get(f"{guarded_url}/models/gpt-4", headers={"Authorization": "Bearer s3cret"}), 404)
+    assert error["code"] == "model_not_found"

@@ -21,7 +21,7 @@ from draftwise.engine import SpeculativeEngine
 from draftwise.errors import SlotsFullError
 from draftwise.lm import Forward, cached_start
 from draftwise.loading import load_lm
-from draftwise.scheduler import Scheduler, run_together
+from draftwise.scheduler import PIECE_SECONDS, Scheduler, run_together
 from draftwise.target import LocalTarget
 
 from exactness_support import near_tie_or_equal, run_at_once
@@ -158,6 +158,24 @@ def test_a_long_prompt_is_fed_in_pieces_between_the_others_steps(alone, shared):
     reference = alone.forward(long_ids, last=2)
     assert torch.equal(reference.argmax(-1), scores.argmax(-1))
     assert len(long.tokens) == 300
+
+
+@needs_model
+def test_beside_a_decoding_stream_a_priced_batch_takes_the_rows_the_scheduler_allows(alone, shared):
+    long_ids = (alone.tokenizer.encode(PROMPTS[1]) * 30)[:300]
+    short, long = shared.fork(), shared.fork()
+    short.reset()
+    short.forward(alone.tokenizer.encode(PROMPTS[0]), last=1)
+    long.reset()
+    scheduler = Scheduler()
+    # A made-up curve under which the bound allows a pass of 41 rows: the step and 40 of the prompt.
+    scheduler.pace(shared.batcher, lambda rows: PIECE_SECONDS * (rows - 1) / 40.5)
+    rows, passes = shared.batcher.stats.rows, shared.batcher.stats.passes
+    _, (scores,) = run_together([_steps_of(short, 10), _wrap(_prompt_of(long, long_ids))], scheduler)
+    assert shared.batcher.stats.passes - passes == 10  # 7 pieces of 40 and one of 20, each beside a step
+    assert shared.batcher.stats.rows - rows == 300 + 10
+    alone.reset()
+    assert torch.equal(alone.forward(long_ids, last=2).argmax(-1), scores.argmax(-1))
 
 
 @needs_model

@@ -16,15 +16,20 @@ import pytest
 import torch
 
 from draftwise import GenerationConfig, SpeculativeEngine, autoregressive, engine as engine_module
+from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
 from draftwise.drafters import ModelDrafter, NGramDrafter, build_drafter
 from draftwise.engine import grammars_of
 from draftwise.grammar import (
     GRAMMAR,
+    REASON_CHARS,
     CallStream,
     Constrained,
+    GrammarDeadEnd,
     GrammarError,
+    Grammars,
     held_back,
+    llguidance_reason,
     parse_tool_calls,
     tool_call_grammar,
 )
@@ -32,6 +37,7 @@ from draftwise.lm import drive
 from draftwise.policies import PLAIN, Choice
 from draftwise.target import LocalTarget
 from draftwise.verify import apply_mask, masked_argmax, pack_bits, unpack_bits, verify
+from grammar_support import LATE_DEAD_END, UNFINISHABLE, optional_properties
 
 from stats_support import ALPHA, as_dist, chi2_pvalue
 
@@ -342,6 +348,132 @@ def test_a_grammar_that_cannot_finish_ends_at_the_length_limit(tiny_target):
     assert result.metrics.finish_reason == "length" and result.text == '{"nam'  # one byte a token
 
 
+# --- what llguidance cannot follow: refused at the check, or an error mid-answer -------------------
+
+
+def assert_short(message: str) -> None:
+    assert "\n" not in message and len(message) < 100 + REASON_CHARS, message
+    assert "<state>" not in message and "backtrace" not in message and "panic" not in message
+
+
+@pytest.fixture(scope="module")
+def merged_grammars():
+    """Grammars over a vocabulary with a token that runs past a forced ``{`` (``{"``, as real
+    vocabularies have): llguidance forces no token at the start of an object there."""
+    tok = tiny_tokenizer(merges=[("{", '"')])
+    return Grammars(tok, len(tok), [tok.eos_token_id])
+
+
+VOCABULARIES = ["grammars", "merged_grammars"]
+
+
+@pytest.mark.parametrize("vocabulary", VOCABULARIES)
+def test_a_schema_over_llguidances_row_limit_is_refused_at_the_check(request, vocabulary):
+    grammars = request.getfixturevalue(vocabulary)
+    with pytest.raises(GrammarError) as caught:
+        grammars.check(schema(optional_properties(3000)))
+    assert "JSON schema cannot be followed: too many alternatives at one point" in str(caught.value)
+    assert_short(str(caught.value))
+    grammars.check(schema(optional_properties(100)))  # well under the limit: fine
+    grammars.check(schema(LATE_DEAD_END))  # a choice comes first: the check stops there
+
+
+@pytest.mark.parametrize("vocabulary", VOCABULARIES)
+@pytest.mark.parametrize("name", sorted(UNFINISHABLE))
+def test_a_schema_no_answer_can_finish_is_refused_at_the_check(request, vocabulary, name):
+    grammars = request.getfixturevalue(vocabulary)
+    with pytest.raises(GrammarError) as caught:
+        grammars.check(schema(UNFINISHABLE[name]))
+    assert "cannot be followed" in str(caught.value)
+    assert_short(str(caught.value))
+
+
+@pytest.mark.parametrize("name", sorted(UNFINISHABLE))
+def test_an_unfinishable_schema_never_ends_in_a_normal_stop(tiny_target, name):
+    """Before the check walked its first steps, each gave ``{"`` or nothing, finish reason eos."""
+    config = GenerationConfig(max_new_tokens=40, grammar=schema(UNFINISHABLE[name]))
+    with pytest.raises(GrammarError, match="cannot be followed"):
+        autoregressive(tiny_target).generate("A record: ", config)
+
+
+@pytest.mark.parametrize("drafter", ["off", "ngram"])
+def test_a_dead_end_mid_answer_is_an_error_not_a_stop(tiny_target, grammars, drafter):
+    grammars.check(schema(LATE_DEAD_END))  # the check sees only the choice of "a" or "b"
+    engine = speculative(tiny_target, None, drafter) if drafter != "off" else autoregressive(tiny_target)
+    events = []
+    with pytest.raises(GrammarDeadEnd) as caught:
+        for event in engine.stream("A record: ", GenerationConfig(max_new_tokens=60, grammar=schema(LATE_DEAD_END))):
+            events.append(event)
+    assert "JSON schema cannot go past: too many alternatives" in str(caught.value)
+    assert_short(str(caught.value))
+    assert caught.value.status == 400  # the request's own schema fails, not the server
+    text = "".join(event.text for event in events)
+    assert text.startswith('{"k": "') and not any(event.finished for event in events)
+
+
+def test_a_dead_end_is_seen_where_the_matcher_fails_however_it_is_reached(grammars, tiny_target):
+    tok = tiny_target.tokenizer
+    constraint = grammars.constraint(schema(LATE_DEAD_END))
+    constraint.commit(constraint.forced() + ids(tok, 'a", "o": '))
+    with pytest.raises(GrammarDeadEnd):
+        constraint.commit(ids(tok, "{"))
+    with pytest.raises(GrammarDeadEnd):  # once broken, every later use says so
+        constraint.masks([])
+    walked = grammars.constraint(schema(LATE_DEAD_END))
+    walked.commit(walked.forced())
+    with pytest.raises(GrammarDeadEnd):  # a drafted block that walks into the limit
+        walked.masks(ids(tok, 'a", "o": {'))
+
+
+def test_a_failed_compile_is_kept_and_a_panic_is_one_short_line(tiny_target, monkeypatch):
+    """12,000 properties: 3 to 4 s of compile, then an assertion inside llguidance (a Rust panic
+    with its backtrace). The message is one line, and a second request pays no compile."""
+    import llguidance
+
+    built = []
+    matcher = llguidance.LLMatcher
+
+    class Counting:  # llguidance's matcher, counting the grammars compiled
+        def __call__(self, *args, **kwargs):
+            built.append(args[1])
+            return matcher(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(matcher, name)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", Counting())
+    grammars = grammars_of(tiny_target)
+    messages = []
+    for _ in range(2):
+        with pytest.raises(GrammarError) as caught:
+            grammars.check(schema(optional_properties(12_000)))
+        messages.append(str(caught.value))
+    assert len(built) == 1 and messages[0] == messages[1]
+    assert messages[0].startswith("invalid JSON schema: llguidance failed on it")
+    assert_short(messages[0])
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (
+            "Parser Error: Current row has 12007 items; max is 2000; consider making your grammar "
+            "left-recursive if it's right-recursive\n<state>\n" + "x" * 100_000,
+            "too many alternatives at one point (12007 parser items, the limit is 2000), as with many optional "
+            "properties",
+        ),
+        ("panic: assertion failed: n < u16::MAX\n<backtrace>\n   0: <unknown>\n", "llguidance failed on it"),
+        ("NoExtensionBias\n<state>\nTokens: ⟦⟧", "no text can complete it"),
+        ("lexer error: too many expressions constructed\n<non-verbose/>", "lexer error: too many expressions"),
+        ("y" * 5000, "y" * (REASON_CHARS - 1) + "…"),
+        ("", "llguidance gave no reason"),
+    ],
+)
+def test_llguidances_message_is_cut_to_its_first_meaningful_line(message, reason):
+    assert llguidance_reason(message).startswith(reason)
+    assert len(llguidance_reason(message)) <= REASON_CHARS
+
+
 # --- tool calls: a grammar with a trigger, and the answer read back ---------------------------------
 
 
@@ -358,6 +490,33 @@ def test_a_triggered_grammar_is_free_text_until_its_opening(grammars, tiny_targe
     assert not constraint.active
     constraint.commit(opening[2:] + one)
     assert constraint.active and allowed(constraint.masks([])[0]) == digits
+
+
+def test_a_trigger_written_in_other_tokens_than_the_tokenizers_still_starts_the_grammar():
+    """A model may write the opening tag in tokens of its own choosing (SmolLM2: " <" then
+    "tool", ...): the trigger is found in the text, so the call that follows is constrained."""
+    tok = tiny_tokenizer(merges=[(" ", "<")])
+    grammars = Grammars(tok, len(tok), [tok.eos_token_id])
+    constraint = grammars.constraint(GrammarSpec(kind="regex", text="<t>[0-9]{2}", trigger="<t>"))
+    space_open = ids(tok, " <")
+    assert len(space_open) == 1 and ids(tok, "<t>")[0] != space_open[0]  # not the tokenizer's "<"
+    a, one, digits = ids(tok, "a"), ids(tok, "1"), {ids(tok, str(n))[0] for n in range(10)}
+    block = a + space_open + ids(tok, "t>") + one
+    assert [allowed(r) == digits for r in constraint.masks(block)] == [False] * 4 + [True, True]
+    assert constraint.cut(block + a) == len(block)  # the "a" after the first digit is cut
+    constraint.commit(block)
+    assert constraint.active and allowed(constraint.masks([])[0]) == digits
+
+
+def test_a_trigger_spread_over_many_commits_starts_the_grammar(grammars, tiny_target):
+    tok = tiny_target.tokenizer
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    constraint = grammars.constraint(tool_call_grammar([("f", schema)], parallel=False, required=False))
+    for token in ids(tok, "Hi <tool_call>"):  # one byte a commit: the tag's start is kept across them
+        assert not constraint.active
+        constraint.commit([token])
+    assert constraint.active
+    assert tok.decode(constraint.forced()) == '\n{"name": "f", "arguments": {"x": '
 
 
 def test_tool_calls_are_forced_up_to_the_first_argument_and_read_back(grammars, tiny_target):

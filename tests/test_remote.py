@@ -317,6 +317,65 @@ def test_malformed_json_is_a_400_that_says_where(http):
     }
 
 
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "says"),
+    [
+        # Past Python's recursion limit: the parser itself gives up (this was a 500).
+        (b'{"prompt": ' + _nested(50_000) + b"}", "application/json", "deeper than 128 levels (in 'prompt')"),
+        # Past the server's 128 levels, short of Python's limit.
+        (
+            b'{"prompt": [1], "sampling": ' + _nested(200) + b"}",
+            "application/json",
+            "deeper than 128 levels (in 'sampling')",
+        ),
+        (
+            b'{"prompt": [1], "grammar": {"kind": "regex", "text": "caf\xe9"}}',
+            "application/json",
+            "not UTF-8 text: byte 0xe9 at offset 57 (in 'grammar')",
+        ),
+        (
+            b'{"prompt": [1], "sampling": {"temperature": NaN}}',
+            "application/json",
+            "NaN is not a JSON number (in 'sampling')",
+        ),
+        (b'{"prompt": [1]}', "text/plain", "Content-Type: application/json (got 'text/plain')"),
+        (b'{"prompt": [1]}', None, "Content-Type: application/json (got none)"),
+        (b"", "application/json", "the body is empty"),
+        (b"[1, 2]", "application/json", "the body must be a JSON object, not an array"),
+        (
+            b'{"prompt": [1] oops',
+            "application/json",
+            "the body is not valid JSON: Expecting ',' delimiter at line 1 column 16",
+        ),
+    ],
+)
+def test_a_body_that_is_no_json_object_is_a_400_that_says_why(http, body, content_type, says):
+    headers = {} if content_type is None else {"content-type": content_type}
+    response = http.post("/v1/sessions", content=body, headers=headers)
+    assert response.status_code == 400, response.text
+    detail = response.json()["detail"]
+    assert says in detail and "\n" not in detail and "Traceback" not in detail
+    _open(http)  # still serving
+
+
+def test_a_session_body_as_deep_as_the_limit_is_read(http):
+    """128 levels (the object, a sampling object, then 126 more) pass the depth check, and
+    are refused for what they hold; 129 for their depth."""
+
+    def detail(levels: int) -> tuple[int, str]:
+        body = b'{"prompt": [1], "sampling": {"seed": ' + _nested(levels - 2) + b"}}"
+        response = http.post("/v1/sessions", content=body, headers={"content-type": "application/json"})
+        return response.status_code, response.json()["detail"]
+
+    status, message = detail(128)
+    assert status == 422 and "sampling.seed" in message
+    assert detail(129) == (400, "the body nests arrays and objects deeper than 128 levels (in 'sampling')")
+
+
 def _bad_requests(http: httpx.Client, session: str, vocab: int):
     def raw(body: bytes, sid: str = session):
         return http.post(f"/v1/sessions/{sid}/verify", content=body)

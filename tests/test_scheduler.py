@@ -13,7 +13,7 @@ from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
 from draftwise.drafters import ModelDrafter, NGramDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.lm import Forward, drive
-from draftwise.scheduler import Collected, Scheduler, run_together
+from draftwise.scheduler import PIECE_MIN_ROWS, PIECE_SECONDS, Collected, Scheduler, _Pace, _rows, run_together
 from draftwise.target import LocalTarget
 
 V = 5
@@ -27,8 +27,8 @@ class RecordingBatch:
         self.rows = rows
         self.passes: list[list[tuple[str, int]]] = []
 
-    def step(self, forwards) -> None:
-        budget, record = self.rows, []
+    def step(self, forwards, rows=None) -> None:
+        budget, record = self.rows if rows is None else min(rows, self.rows), []
         for forward in sorted(forwards, key=lambda f: len(f.tokens) - (f.state or 0)):
             fed = forward.state or 0
             if forward.lm.refuse:
@@ -43,6 +43,7 @@ class RecordingBatch:
             if forward.state == len(forward.tokens):
                 forward.scores = torch.full((forward.last or len(forward.tokens), V), float(len(forward.tokens)))
         self.passes.append(record)
+        return sum(n for _, n in record)
 
 
 class FakeLM:
@@ -102,6 +103,138 @@ def test_a_model_that_does_not_batch_runs_each_pass_alone():
     a, b = FakeLM("a", None), FakeLM("b", None)
     run_together([stepping(a, [3, 1]), stepping(b, [2])])
     assert a.alone == [3, 1] and b.alone == [2]
+
+
+def _priced(rows: int) -> float:
+    """A made-up pass curve: 1/32 s for one row, 1/256 s each row more (no row count lands on
+    a bound exactly; the bound buys more rows than ``PIECE_MIN_ROWS``)."""
+    return 1 / 32 + (rows - 1) / 256
+
+
+def _pieces(batch: RecordingBatch, name: str) -> list[tuple[int, int]]:
+    """(rows of ``name``'s prompt, rows of the whole pass) of each pass that fed a piece of it."""
+    return [(dict(p)[name], sum(n for _, n in p)) for p in batch.passes if dict(p).get(name, 0) > 1]
+
+
+def test_beside_a_decoding_stream_a_prompt_goes_in_pieces_priced_under_the_bound():
+    batch = RecordingBatch(rows=256)
+    scheduler = Scheduler()
+    scheduler.pace(batch, _priced)
+    run_together([stepping(FakeLM("a", batch), [1] * 40), stepping(FakeLM("c", batch), [600, 1])], scheduler)
+    pieces, price = _pieces(batch, "c"), _Pace(batch, _priced).price
+    assert sum(rows for rows, _ in pieces) == 600
+    for i, (rows, whole) in enumerate(pieces):
+        assert whole == rows + 1  # every one rode with the decoding stream's step
+        assert price(whole) <= price(1) + PIECE_SECONDS  # within the bound...
+        assert i == len(pieces) - 1 or price(whole + 1) > price(1) + PIECE_SECONDS  # ...and as large as it allows
+    assert all(p[0] == ("a", 1) for p in batch.passes[: len(pieces)])  # the step never waited a round
+
+
+def test_alone_a_prompt_goes_in_pieces_of_the_whole_row_budget():
+    batch = RecordingBatch(rows=256)
+    scheduler = Scheduler()
+    scheduler.pace(batch, _priced)
+    run_together([stepping(FakeLM("c", batch), [600, 1])], scheduler)
+    assert batch.passes == [[("c", 256)], [("c", 256)], [("c", 88)], [("c", 1)]]
+
+
+def test_a_stream_drafting_on_another_model_waits_on_the_round_too():
+    target, draft = RecordingBatch(rows=256), RecordingBatch(rows=256)
+    scheduler = Scheduler()
+    scheduler.pace(target, _priced)
+    run_together([stepping(FakeLM("b", draft), [1] * 40), stepping(FakeLM("c", target), [600, 1])], scheduler)
+    pieces = _pieces(target, "c")
+    assert len(pieces) > 3 and all(_priced(whole) <= PIECE_SECONDS for _, whole in pieces)
+
+
+def test_pieces_are_priced_at_what_the_last_bounded_passes_took_against_the_curve():
+    pace = _Pace(RecordingBatch(), _priced)
+    assert _rows(pace.price, 1, 600, PIECE_SECONDS)[0] == 90  # a one-row step beside a prompt
+    pace.measured(26, 2 * _priced(26))  # deep into a long prompt, or on a busy machine
+    assert pace.slower == 1.5 and _rows(pace.price, 1, 600, PIECE_SECONDS)[0] == 1 + PIECE_MIN_ROWS  # the floor
+    pace.measured(26, _priced(26) / 10)  # a pass faster than the curve says: the curve stands
+    assert pace.slower == 1.0
+
+
+def test_past_a_step_s_rows_a_row_costs_no_less_than_in_a_pass_of_32():
+    def flat(rows: int) -> float:  # a calibrated curve past its largest sizes: a line of no slope
+        return _priced(min(rows, 49)) + max(0, rows - 49) / 10_000
+
+    pace = _Pace(RecordingBatch(), flat)
+    assert pace.price(32) == _priced(32) and pace.price(200) == 200 * _priced(32) / 32
+    rows, added = _rows(pace.price, 49, 600, PIECE_SECONDS)  # a block of 49 rows beside a prompt
+    assert rows == 49 + 84 and added <= PIECE_SECONDS
+
+
+def drafting(draft, target, k: int, steps: int):
+    """A generating stream (its first token out) that drafts ``k`` tokens a step, a pass of
+    ``draft`` each, then checks them in one pass of ``target``; one event a step."""
+    yield (target.name, 0)
+    for _ in range(steps):
+        for _ in range(k):
+            yield Forward(draft, [1], last=1)
+        yield Forward(target, [1] * (k + 1), last=k + 1)
+        yield (target.name, k)
+
+
+def test_a_step_of_several_rounds_is_paused_by_the_bound_in_all():
+    target, draft = RecordingBatch(rows=256), RecordingBatch(rows=256)
+    scheduler = Scheduler()
+    scheduler.pace(target, _priced)
+    b = drafting(FakeLM("bd", draft), FakeLM("b", target), 3, 40)
+    run_together([b, stepping(FakeLM("c", target), [600, 1])], scheduler)
+    added, steps = 0.0, 0
+    for record in target.passes:  # the passes that fed the prompt between two checks of b's drafts
+        rows = dict(record)
+        own, piece = rows.get("b", 0), rows.get("c", 0)
+        own, piece = (own + piece, 0) if piece == 1 else (own, piece)  # c's own step, once its prompt is in
+        added += _priced(own + piece) - (_priced(own) if own else 0.0)
+        if rows.get("b"):
+            assert added <= PIECE_SECONDS
+            added, steps = 0.0, steps + 1
+    assert steps == 40 and sum(dict(record).get("c", 0) for record in target.passes) == 601
+
+
+def test_a_generating_stream_s_long_pass_is_a_step_of_it_and_the_prompt_still_waits_its_turn():
+    # After its first event, a's passes are steps of its output whatever their size (a draft
+    # model's catch-up): taken whole, and the prompt beside adds no more than the bound.
+    batch = RecordingBatch(rows=256)
+    scheduler = Scheduler()
+    scheduler.pace(batch, _priced)
+    run_together([stepping(FakeLM("a", batch), [1, 100] * 10), stepping(FakeLM("c", batch), [600, 1])], scheduler)
+    for record in batch.passes[:10]:
+        rows = dict(record)
+        own = rows["a"]
+        assert own in (1, 100) and _priced(own + rows.get("c", 0)) <= _priced(own) + PIECE_SECONDS
+
+
+def test_a_stream_that_makes_no_events_is_paused_by_the_bound_at_each_pass():
+    # A verifier's requests: passes and no events (each pass is its step).
+    def passes(lm, n: int):
+        for _ in range(n):
+            yield Forward(lm, [1], last=1)
+
+    batch = RecordingBatch(rows=256)
+    scheduler = Scheduler()
+    scheduler.pace(batch, _priced)
+    run_together([passes(FakeLM("v", batch), 10), stepping(FakeLM("c", batch), [600, 1])], scheduler)
+    assert [rows for rows, _ in _pieces(batch, "c")][:6] == [89] * 6
+
+
+def test_on_a_model_slower_than_the_bound_a_prompt_still_moves_a_floor_of_rows_a_step():
+    batch = RecordingBatch(rows=256)
+    scheduler = Scheduler()
+    scheduler.pace(batch, lambda rows: float(rows))  # a second a row: one row is over the bound
+    run_together([stepping(FakeLM("a", batch), [1] * 10), stepping(FakeLM("c", batch), [300, 1])], scheduler)
+    assert [rows for rows, _ in _pieces(batch, "c")] == [PIECE_MIN_ROWS] * 4 + [300 - 4 * PIECE_MIN_ROWS]
+
+
+def test_without_a_price_known_a_prompt_goes_in_pieces_of_the_budget():
+    batch = RecordingBatch(rows=256)
+    scheduler = Scheduler()
+    scheduler.pace(batch, lambda rows: None)
+    run_together([stepping(FakeLM("a", batch), [1] * 4), stepping(FakeLM("c", batch), [600, 1])], scheduler)
+    assert [rows for rows, _ in _pieces(batch, "c")] == [255, 255, 90]
 
 
 def test_a_cancelled_stream_ends_at_the_next_round_and_the_others_go_on():

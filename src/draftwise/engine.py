@@ -321,6 +321,10 @@ class SpeculativeEngine:
                 # text so far and a finish reason instead of raising it away.
                 yield run.end(refusal)
                 return
+            # A grammar's dead end (``GrammarDeadEnd``, from the masks above or the commit
+            # below) is raised out of the run, unlike the target's refusals: no text can
+            # complete the answer under its grammar, so no finish reason fits (a "stop" would
+            # pass the broken text off as complete).
             verified = time.perf_counter()
             # 5. Commit what was kept (stops, budget), tell the drafter and the policy.
             observe = drafter.observe if drafter is not None else None

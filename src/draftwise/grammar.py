@@ -22,11 +22,12 @@ separator, quote and key, where free white space would leave each a choice of th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -45,7 +46,8 @@ GRAMMAR = FORCED
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_JSON_OBJECT = {"type": "object"}
 MAX_GRAMMAR_BYTES = 1 << 20  # a grammar or schema larger than this is refused before compiling
-COMPILED_KEPT = 64  # compiled grammars a server keeps for the requests that repeat them
+COMPILED_KEPT = 64  # compiled grammars (and failed compiles) a server keeps for the requests that repeat them
+REASON_CHARS = 200  # the longest piece of llguidance's complaint a message quotes
 CONTROL_MARK = b"\xff"  # llguidance's mark on a token that is markup, never text
 
 
@@ -62,10 +64,65 @@ KIND_NAMES = {
 # tools, and the model answers with one or more of these.
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(TOOL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CLOSE), re.DOTALL)
+_TOOL_GRAMMAR = "start: call"  # how tool_call_grammar's text starts: messages call it the tool-call grammar
+
+# llguidance's complaints: a row over its item limit, and the stop reasons that mean the
+# grammar allows no further text.
+_ROW = re.compile(r"current row has (\d+) items; max is (\d+)", re.IGNORECASE)
+_NO_WAY_ON = frozenset({"NoExtension", "NoExtensionBias"})
+_TOO_COMPLEX = frozenset({"ParserTooComplex", "LexerTooComplex"})
 
 
 class GrammarError(DraftwiseError, ValueError):
-    """A grammar or schema that cannot be compiled; the message says where (one line)."""
+    """A grammar or schema that cannot be compiled or cannot be followed; the message says
+    why (one line)."""
+
+
+class GrammarDeadEnd(GrammarError):
+    """An answer reached a point where its grammar allows no way on: llguidance hit one of its
+    limits (too many alternatives at once, a lexer too large) on text the check before the
+    answer could not see coming, or the grammar can never be completed. The answer ends
+    there with this error, never as a normal stop with text that breaks the grammar.
+
+    Its status stays a 400: what fails is the request's own schema or grammar (a client that
+    sends it again gets the same failure), not the server, and the server answers every
+    fault of a request's with a 400 (its API document lists no 422)."""
+
+
+def llguidance_reason(message: str) -> str:
+    """llguidance's complaint as a short line: its first line only (what follows is the parser's
+    state and the grammar itself, up to hundreds of KB, or a panic's backtrace), no longer
+    than ``REASON_CHARS``.
+
+    Example: ``"Parser Error: Current row has 12007 items; max is 2000; ...\\n<state>..."``
+    gives ``"too many alternatives at one point (12007 parser items, the limit is 2000), as
+    with many optional properties"``.
+    """
+    lines = [line.strip() for line in message.splitlines()]
+    first = next((line for line in lines if line and not line.startswith("<")), "")
+    row = _ROW.search(first)
+    if first.startswith("panic"):
+        # An assertion inside llguidance (a grammar of more than 65,000 symbols is one).
+        return "llguidance failed on it (an internal limit: the grammar is probably too large)"
+    if row is not None:
+        return (
+            f"too many alternatives at one point ({row[1]} parser items, the limit is {row[2]}), "
+            "as with many optional properties"
+        )
+    if first in _NO_WAY_ON:
+        return "no text can complete it"
+    if first in _TOO_COMPLEX:
+        return "it is too complex for llguidance"
+    if not first:
+        return "llguidance gave no reason"
+    return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 1] + "…"
+
+
+def describe(spec: GrammarSpec) -> str:
+    """What messages call ``spec``: "JSON schema", "tool-call grammar", ..."""
+    if spec.kind == "lark" and spec.text.startswith(_TOOL_GRAMMAR):
+        return "tool-call grammar"
+    return KIND_NAMES[spec.kind]
 
 
 def _llguidance() -> Any:
@@ -91,12 +148,12 @@ def grammar_text(spec: GrammarSpec) -> str:
         try:
             return str(llg.grammar_from_json_schema(schema, defaults=dict(JSON_OPTIONS)))
         except ValueError as exc:
-            raise GrammarError(f"invalid JSON schema: {exc}") from exc
+            raise GrammarError(f"invalid JSON schema: {llguidance_reason(str(exc))}") from exc
     if spec.kind == "gbnf":
         try:
             lark = _llguidance().gbnf_to_lark(spec.text)
         except Exception as exc:  # its parser raises plain exceptions on bad input
-            raise GrammarError(f"invalid GBNF grammar: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
+            raise GrammarError(f"invalid GBNF grammar: {llguidance_reason(str(exc))}") from exc
         return str(llg.grammar_from_lark(lark))
     if spec.kind == "regex":
         return str(llg.grammar_from_regex(spec.text))
@@ -122,7 +179,7 @@ def tool_call_grammar(functions: Sequence[tuple[str, dict[str, Any]]], parallel:
     ]
     schema = {"x-guidance": JSON_OPTIONS, "anyOf": calls}
     more = ' ("\\n" call)*' if parallel else ""
-    text = f'start: call{more}\ncall: "{TOOL_OPEN}\\n" body "\\n{TOOL_CLOSE}"\nbody: %json {json.dumps(schema)}'
+    text = f'{_TOOL_GRAMMAR}{more}\ncall: "{TOOL_OPEN}\\n" body "\\n{TOOL_CLOSE}"\nbody: %json {json.dumps(schema)}'
     return GrammarSpec(kind="lark", text=text, trigger=None if required else TOOL_OPEN)
 
 
@@ -250,11 +307,18 @@ class Grammars:
         self.vocab_size = vocab_size
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self._vocabulary: Any = None
+        self._spelling: list[bytes] = []  # each token's bytes, as llguidance reads them
         self._lock = threading.Lock()
-        # Compiled grammars by their text, each a matcher never advanced: a stream gets a copy.
-        # An agent sends the same tools or schema with every request, so each is compiled once
-        # (the request's check compiles it, its stream copies it), not once per request.
-        self._compiled: OrderedDict[str, Any] = OrderedDict()
+        # Compiled grammars by a hash of their text, each a matcher never advanced (a stream
+        # gets a copy), or the GrammarError its compile or check gave. An agent sends the same
+        # tools or schema with every request, so each is compiled once (the request's check
+        # compiles it, its stream copies it), not once per request; a failure is kept too,
+        # since a bad schema can cost seconds of compile (12,000 properties: 3 to 4 s) and a
+        # client may send it again and again.
+        self._compiled: OrderedDict[bytes, Any] = OrderedDict()
+        # One lock per grammar being compiled: a second request for it waits for the first's
+        # result rather than compiling it a second time.
+        self._compiling: dict[bytes, threading.Lock] = {}
 
     def vocabulary(self) -> Any:
         with self._lock:
@@ -265,44 +329,108 @@ class Grammars:
                     tokens[token] = CONTROL_MARK + text.encode("utf-8")
                 wrapper = llguidance.TokenizerWrapper(_Encoder(self.tokenizer, tokens))
                 self._vocabulary = llguidance.LLTokenizer(wrapper, eos_token=self.eos_token_ids or None)
+                self._spelling = tokens
             return self._vocabulary
 
     def check(self, spec: GrammarSpec) -> None:
-        """Compile ``spec`` (once: see ``_compiled``), or raise ``GrammarError`` saying what is wrong."""
+        """Compile ``spec`` and try its first steps (once: see ``_compiled``), or raise
+        ``GrammarError`` saying what is wrong."""
         self._matcher(spec)
 
     def _matcher(self, spec: GrammarSpec) -> Any:
-        """The compiled, never advanced matcher of ``spec``'s grammar."""
+        """The compiled, checked, never advanced matcher of ``spec``'s grammar."""
         grammar = grammar_text(spec)
+        key = hashlib.sha256(grammar.encode("utf-8", "surrogatepass")).digest()
         vocabulary = self.vocabulary()
         with self._lock:
-            matcher = self._compiled.get(grammar)
-            if matcher is not None:
-                self._compiled.move_to_end(grammar)
-                return matcher
-        matcher = _llguidance().LLMatcher(vocabulary, grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"invalid {KIND_NAMES[spec.kind]}: {_one_line(matcher.get_error())}")
-        with self._lock:
-            self._compiled[grammar] = matcher
-            while len(self._compiled) > COMPILED_KEPT:
-                self._compiled.popitem(last=False)
-        return matcher
+            known = self._known(key)
+            gate = self._compiling.setdefault(key, threading.Lock()) if known is None else None
+        if gate is not None:
+            known = self._compile_once(key, gate, spec, grammar, vocabulary)
+        if isinstance(known, GrammarError):
+            raise GrammarError(str(known))  # a fresh error: the kept one's traceback stays as it was
+        return known
+
+    def _compile_once(self, key: bytes, gate: threading.Lock, spec: GrammarSpec, grammar: str, vocabulary: Any) -> Any:
+        """The matcher or failure of ``grammar``, compiled here unless the request holding
+        ``gate`` compiled it meanwhile."""
+        try:
+            with gate:
+                with self._lock:
+                    known = self._known(key)
+                if known is None:
+                    known = _compiled(spec, grammar, vocabulary)
+                    with self._lock:
+                        self._keep(key, known)
+                return known
+        finally:
+            with self._lock:
+                self._compiling.pop(key, None)
+
+    def _known(self, key: bytes) -> Any:
+        """The kept matcher or failure of ``key``, None if none is kept (call under the lock)."""
+        known = self._compiled.get(key)
+        if known is not None:
+            self._compiled.move_to_end(key)
+        return known
+
+    def _keep(self, key: bytes, known: Any) -> None:
+        """Keep a matcher or a failure, dropping the least recently used past ``COMPILED_KEPT``
+        (call under the lock)."""
+        self._compiled[key] = known
+        while len(self._compiled) > COMPILED_KEPT:
+            self._compiled.popitem(last=False)
 
     def constraint(self, spec: GrammarSpec) -> Constraint | Triggered:
         """A fresh matcher of ``spec`` for one stream (waiting for its trigger, if it has one)."""
         compiled = self._matcher(spec)
         with self._lock:  # copied by one thread at a time, as the table is read
             matcher = compiled.deep_copy()
-        constraint = Constraint(matcher, self.vocab_size)
+        constraint = Constraint(matcher, self.vocab_size, describe(spec))
         if spec.trigger is None:
             return constraint
-        trigger = self.tokenizer.encode(spec.trigger, add_special_tokens=False, parse_special=False)
-        return Triggered(constraint, trigger)
+        vocabulary = self.vocabulary()
+        return Triggered(constraint, spec.trigger, self._spelling, lambda text: list(vocabulary.tokenize_bytes(text)))
 
 
-def _one_line(message: str) -> str:
-    return " ".join(message.split())
+def _compiled(spec: GrammarSpec, grammar: str, vocabulary: Any) -> Any:
+    """llguidance's matcher of ``grammar`` once its first steps are tried, or the
+    ``GrammarError`` that says why it cannot be used (returned, to be kept as a matcher is)."""
+    llguidance = _llguidance()
+    # No parser state or grammar in its messages: only their first line is ever shown.
+    limits = llguidance.LLParserLimits(verbose_errors=False)
+    matcher = llguidance.LLMatcher(vocabulary, grammar, log_level=0, limits=limits)
+    if matcher.is_error():
+        return GrammarError(f"invalid {describe(spec)}: {llguidance_reason(matcher.get_error())}")
+    problem = _first_steps(matcher.deep_copy(), vocabulary)
+    if problem is not None:
+        return GrammarError(f"the {describe(spec)} cannot be followed: {problem}")
+    return matcher
+
+
+def _first_steps(matcher: Any, vocabulary: Any) -> str | None:
+    """Why ``matcher`` (a copy, advanced here) cannot start an answer, None if it can.
+
+    llguidance compiles some grammars it then cannot follow, and says so only as it walks:
+    an object of 3,000 optional properties passes the compile and goes over the parser's
+    row limit once its ``{`` is written; a required property that refers to its own object
+    forces ``{"a": {"a": ...`` for ever; ``"pattern": "^a{1000000}$"`` is over the lexer's
+    limit at its first character; a pure ``$ref`` cycle allows no text at all. Following
+    the text the grammar forces from the start and computing the first mask after it finds
+    each of these before any answer, so the request is refused rather than answered with a
+    broken one.
+
+    The forced text is followed as bytes, in the tokenizer's own tokens: where a vocabulary
+    has tokens that run past it (``{"`` beside ``{``), llguidance forces no token at all."""
+    forced = matcher.compute_ff_bytes()
+    if forced and not matcher.is_error():
+        matcher.consume_tokens(list(vocabulary.tokenize_bytes(forced)))
+    mask = b"" if matcher.is_error() else matcher.compute_bitmask()
+    if matcher.is_error():
+        return llguidance_reason(matcher.get_error())
+    if not any(mask) and not matcher.is_accepting():
+        return "no text can complete it"
+    return None
 
 
 class Constraint:
@@ -312,23 +440,40 @@ class Constraint:
     rolled back at once.
     """
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, name: str = "grammar") -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
+        self.name = name  # what messages call the grammar ("JSON schema", ...)
+
+    def _dead_end(self) -> GrammarDeadEnd:
+        reason = llguidance_reason(self.matcher.get_error()) if self.matcher.is_error() else "no text can complete it"
+        return GrammarDeadEnd(f"the output reached a point the {self.name} cannot go past: {reason}")
+
+    def _alive(self) -> None:
+        """Raise ``GrammarDeadEnd`` once llguidance has put the matcher in its error state. It
+        never leaves that state, and its masks then allow nothing but the end of the text: the
+        answer would stop there, broken, as if it were complete."""
+        if self.matcher.is_error():
+            raise self._dead_end()
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces next (empty where the model has a choice)."""
-        return [] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
+        self._alive()
+        forced = [] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
+        self._alive()
+        return forced
 
     def cut(self, tokens: Sequence[int], after: Sequence[int] = ()) -> int:
         """How many of ``tokens`` the grammar allows in a row from here (once ``after`` is committed too)."""
         if not len(tokens) or not self._enter(after):
+            self._alive()
             return 0
         try:
             return int(self.matcher.validate_tokens(list(tokens)))
         finally:
             self._leave(after)
+            self._alive()
 
     def _enter(self, tokens: Sequence[int]) -> bool:
         """Follow ``tokens`` for a moment (``_leave`` undoes it); whether the grammar took them."""
@@ -349,7 +494,7 @@ class Constraint:
         """
         bits = np.zeros((len(block) + 1, self.words), dtype=np.int32)
         if not self._enter(after):
-            raise GrammarError("the grammar refused its own opening")
+            raise self._dead_end()
         # Only what the grammar takes is walked: a refused token would leave the matcher broken.
         tokens = [int(t) for t in block]
         valid = tokens[: self.matcher.validate_tokens(tokens)] if tokens else []
@@ -358,18 +503,25 @@ class Constraint:
             self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
             if i < len(valid):
                 self.matcher.consume_token(valid[i])
+        # A limit hit anywhere on the walk (a drafted token the target may yet refuse
+        # included) leaves the matcher in its error state for good: the answer cannot go on
+        # under the grammar, whichever token the target picks.
+        self._alive()
         if valid:
             self.matcher.rollback(len(valid))
         self._leave(after)
         return torch.from_numpy(bits)
 
     def commit(self, tokens: Sequence[int]) -> None:
-        """Follow the committed ``tokens`` (a finished grammar takes nothing more)."""
+        """Follow the committed ``tokens`` (a finished grammar takes nothing more); raise
+        ``GrammarDeadEnd`` where the grammar cannot take them."""
         for token in tokens:
+            self._alive()
             if self.matcher.is_stopped():
                 return
             if not self.matcher.consume_token(int(token)):
-                raise GrammarError(f"token {token} broke the grammar: {_one_line(self.matcher.get_error())}")
+                raise self._dead_end()
+        self._alive()
 
     @property
     def finished(self) -> bool:
@@ -378,28 +530,46 @@ class Constraint:
 
 
 class Triggered:
-    """A grammar that applies only from its trigger on: the output is free text until it holds
-    the ``trigger`` tokens (a tool call's opening tag, which the grammar itself starts with),
-    and follows the grammar from there, the trigger included. Same interface as ``Constraint``.
+    """A grammar that applies only from its trigger on: the output is free text until its text
+    holds the ``trigger`` (a tool call's opening tag, which the grammar itself starts with), and
+    follows the grammar from there, the trigger included. Same interface as ``Constraint``.
 
-    Example: trigger ``[T]``, block ``[a, T, b]``: rows 0 and 1 (scoring ``a`` and ``T``) are
-    free text; row 2 scores the token after ``a T``, the grammar's first after its opening
-    ``T``, and row 3 the one after ``T b``.
+    The trigger is found in the text, not in its tokenizer's tokens for it: a model may write
+    the tag in other tokens (SmolLM2 writes ``" <tool_call>"`` as ``" <"``, ``"tool"``, ...),
+    and a call written so must not go unconstrained (a second call, a broken one). The grammar
+    is then given the trigger's text, from its first byte to the end of the token that
+    completes it, in the tokenizer's own tokens (the same bytes, so the same grammar state).
+
+    Example: trigger ``"T"`` (token ``T``), block ``[a, T, b]``: rows 0 and 1 (scoring ``a``
+    and ``T``) are free text; row 2 scores the token after ``a T``, the grammar's first after
+    its opening ``T``, and row 3 the one after ``T b``.
     """
 
-    def __init__(self, inner: Constraint, trigger: Sequence[int]) -> None:
+    def __init__(
+        self, inner: Constraint, trigger: str, spelling: Sequence[bytes], tokenize: Callable[[bytes], list[int]]
+    ) -> None:
         self.inner = inner
-        self.trigger = [int(t) for t in trigger]
+        self.opening = trigger.encode("utf-8")
+        self.spelling = spelling  # each token's bytes
+        self.tokenize = tokenize  # bytes to the tokenizer's own tokens
         self.active = False
-        self._tail: list[int] = []  # the last committed tokens, while waiting (a trigger may span commits)
+        self._tail = b""  # the end of the committed text, while waiting (a trigger may span commits)
 
-    def _start(self, tokens: Sequence[int]) -> int | None:
-        """The index in ``tokens`` just past the trigger's first end, None if it does not end there."""
-        seq, n = self._tail + [int(t) for t in tokens], len(self.trigger)
-        for end in range(max(n, len(self._tail) + 1), len(seq) + 1):
-            if seq[end - n : end] == self.trigger:
-                return end - len(self._tail)
+    def _start(self, tokens: Sequence[int]) -> tuple[int, list[int]] | None:
+        """Where the trigger first ends in ``tokens``: (the index just past the token that
+        completes it, the tokens the grammar takes for the text from the trigger's first byte
+        to that token's end); None if it does not end there."""
+        text = self._tail
+        for i, token in enumerate(tokens):
+            text += self._spelt(token)
+            at = text.find(self.opening)
+            if at >= 0:
+                return i + 1, self.tokenize(text[at:])
         return None
+
+    def _spelt(self, token: int) -> bytes:
+        token = int(token)
+        return self.spelling[token] if token < len(self.spelling) else b""  # past the tokenizer: padding ids
 
     def forced(self) -> list[int]:
         return self.inner.forced() if self.active else []
@@ -408,29 +578,33 @@ class Triggered:
         if self.active:
             return self.inner.cut(tokens, after)
         # Forced text (``after``) comes only once the grammar is active.
-        start = self._start(tokens)
-        return len(tokens) if start is None else start + self.inner.cut(tokens[start:], self.trigger)
+        found = self._start(tokens)
+        return len(tokens) if found is None else found[0] + self.inner.cut(tokens[found[0] :], found[1])
 
     def masks(self, block: Sequence[int]) -> torch.Tensor | None:  # [k + 1, W] int32, None: all allowed
         if self.active:
             return self.inner.masks(block)
-        start = self._start(block)
-        if start is None:
+        found = self._start(block)
+        if found is None:
             return None
+        start, opening = found
         rows = torch.full((len(block) + 1, self.inner.words), -1, dtype=torch.int32)  # every bit: free
-        rows[start:] = self.inner.masks(block[start:], self.trigger)
+        rows[start:] = self.inner.masks(block[start:], opening)
         return rows
 
     def commit(self, tokens: Sequence[int]) -> None:
         if self.active:
             self.inner.commit(tokens)
             return
-        start = self._start(tokens)
-        if start is None:
-            self._tail = (self._tail + [int(t) for t in tokens])[-len(self.trigger) :]
+        found = self._start(tokens)
+        if found is None:
+            keep = len(self.opening) - 1  # what could be the trigger's start
+            text = self._tail + b"".join(self._spelt(t) for t in tokens)
+            self._tail = text[-keep:] if keep else b""
             return
+        start, opening = found
         self.active = True
-        self.inner.commit(self.trigger)
+        self.inner.commit(opening)
         self.inner.commit(tokens[start:])
 
     @property

@@ -171,9 +171,10 @@ class Batch(Protocol):
     """Sequences over one model whose passes can share a pass (a llama.cpp context of several
     slots): the scheduler hands it every pending ``Forward`` of its sequences in a round."""
 
-    def step(self, forwards: Sequence[Forward]) -> None:
-        """One pass over ``forwards`` (as many of their tokens as its row budget takes); each
-        one fed whole gets its ``scores``."""
+    def step(self, forwards: Sequence[Forward], rows: int | None = None) -> int:
+        """One pass over ``forwards`` (as many of their tokens as its row budget takes, and
+        at most ``rows``: the scheduler's bound on a pass that feeds a long prompt beside
+        other streams); each one fed whole gets its ``scores``. Returns the rows it fed."""
 
 
 @runtime_checkable
@@ -293,6 +294,16 @@ def sync(lm: LanguageModel, context: Sequence[int]) -> list[int]:
     if keep < len(lm.tokens):
         lm.rollback(keep)
     return list(context[keep:])
+
+
+def longest_token(tokenizer: Tokenizer) -> int:
+    """The most bytes of text one token stands for (at least 1): a text of n bytes holds at
+    least n / this many tokens, so a text too long for a context is refused by its size,
+    unread. Counted on ``token_bytes``, not on the vocabulary's spelling, which writes each
+    byte of a byte-level vocabulary as a character of up to two UTF-8 bytes (``Ġ`` for a
+    space) and so doubles the bound: a text twice the size it need be was tokenized, whole,
+    before its refusal."""
+    return max(1, max((len(piece) for piece in tokenizer.token_bytes()), default=1))
 
 
 def describe(lm: Any) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -59,6 +60,27 @@ def token_offsets(tokenizer: Tokenizer, ids: Sequence[int]) -> tuple[str, dict[i
 
 class _WholeText(TokenText):
     WINDOW = 1 << 62  # every cut is kept: a prediction is read once, whole
+
+
+@dataclass(frozen=True)
+class EncodedPrediction:
+    """A prediction as its drafter reads it: ``source``, the text as given; its ``ids``; the
+    ``text`` they read back as, and ``offsets`` in it (``token_offsets``). It costs an encode
+    and a read token by token, linear in the prediction: a server makes it when it admits
+    the request (``encode_prediction``), so that none of it runs in the rounds every stream
+    waits on."""
+
+    source: str
+    ids: tuple[int, ...]
+    text: str
+    offsets: dict[int, int]
+
+
+def encode_prediction(tokenizer: Tokenizer, source: str) -> EncodedPrediction:
+    """``source`` encoded as plain text (no string in it becomes a control token) and read back."""
+    ids = tokenizer.encode(source, add_special_tokens=False, parse_special=False) if source else []
+    text, offsets = token_offsets(tokenizer, ids) if ids else ("", {})
+    return EncodedPrediction(source, tuple(ids), text, offsets)
 
 
 _WIDTH = array("I").itemsize  # bytes per id in ``_ids_bytes``
@@ -94,13 +116,18 @@ class PredictionDrafter:
     MAX_CHARS = 48
     MAX_EDIT = 8  # a rename is carried through the rest when it replaced at most this many tokens by as many
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, prediction: EncodedPrediction | None = None) -> None:
+        """``prediction``: the one this drafter drafts, encoded ahead (``encode_prediction``),
+        whatever the config says; None: the config's, encoded at ``start``."""
         self.tokenizer = tokenizer
+        self.prediction = prediction
         self.start([], GenerationConfig(), None)
 
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
-        text = config.prediction or ""
-        self._load(self.tokenizer.encode(text, add_special_tokens=False, parse_special=False) if text else [])
+        prediction = self.prediction
+        if prediction is None:
+            prediction = encode_prediction(self.tokenizer, config.prediction or "")
+        self._take(prediction.ids, prediction.text, prediction.offsets)
         self.prompt_len = len(prompt)
         self.read = TokenText(self.tokenizer)
         self.read.reset(prompt)
@@ -114,10 +141,14 @@ class PredictionDrafter:
 
     def _load(self, ids: list[int]) -> None:
         """Take ``ids`` as the prediction's tokens (and the text they read as)."""
-        self.ids = ids
+        self._take(ids, *(token_offsets(self.tokenizer, ids) if ids else ("", {})))
+
+    def _take(self, ids: Sequence[int], text: str, offsets: dict[int, int]) -> None:
+        """Take ``ids`` as the prediction's tokens, ``text`` as they read back (what the output's
+        text is compared with) and ``offsets`` as ``token_offsets`` gives them."""
+        self.ids = list(ids)
         self._bytes = _ids_bytes(ids)
-        # The text as its ids read back (what the output's text is compared with).
-        self.text, self._offsets = token_offsets(self.tokenizer, ids) if ids else ("", {})
+        self.text, self._offsets = text, offsets
         self._starts = {index: offset for offset, index in self._offsets.items()}  # the same, token -> offset
         self._boundaries = sorted(self._offsets)
 
@@ -273,5 +304,14 @@ def with_prediction(drafter: Drafter | None, tokenizer: Tokenizer | None, config
         return drafter
     if tokenizer is None:
         raise ValueError("a prediction is text: it needs the target's tokenizer")
-    prediction = PredictionDrafter(tokenizer)
+    return _first(PredictionDrafter(tokenizer), drafter)
+
+
+def predicting(drafter: Drafter | None, tokenizer: Tokenizer, prediction: EncodedPrediction) -> Drafter:
+    """``with_prediction`` for a prediction encoded ahead: the drafter of a generation whose
+    config then carries no prediction (a server's, which encodes it at admission)."""
+    return _first(PredictionDrafter(tokenizer, prediction), drafter)
+
+
+def _first(prediction: PredictionDrafter, drafter: Drafter | None) -> Drafter:
     return prediction if drafter is None else Sources((prediction, drafter), first_only=True)

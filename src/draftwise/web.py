@@ -1,11 +1,14 @@
 """HTTP guards shared by draftwise's two servers, the OpenAI-compatible API and the remote
-verifier: a request-body size limit, an optional bearer key, and the OpenAPI entries of the
-errors they send. Each server passes in how it shapes an error, so clients keep seeing that
+verifier: a request-body size limit, the reading of a JSON body, an optional bearer key, and
+the OpenAPI entries of the errors they send. Each server passes in how it shapes an error, so clients keep seeing that
 server's own error format.
 """
 
 from __future__ import annotations
 
+import codecs
+import json
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, SecretStr
 from starlette.responses import Response
+
+from draftwise.errors import DraftwiseError
 
 ErrorResponse = Callable[[int, str], Response]
 
@@ -131,3 +136,138 @@ def drop_framework_422(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+# ---- JSON request bodies --------------------------------------------------------------------
+#
+# Read the same way by both servers (the verifier's POST /v1/sessions, the API's generation routes):
+# a body that cannot be read as a JSON object is a 400 whose one line says why.
+
+# Levels of arrays and objects a body may nest. Real requests nest a few dozen at most (a JSON
+# schema's properties inside properties); far below Python's recursion limit, which a deeper
+# body would otherwise hit in the parser or in any code that walks the value later.
+MAX_JSON_DEPTH = 128
+_SPACE = re.compile(r"[ \t\n\r]*")
+# What JSON calls the values Python's parser gives.
+_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
+
+
+class JsonBodyError(DraftwiseError, ValueError):
+    """A request body that is not a JSON object this server reads; ``field``: the top-level
+    member where the problem is, when there is one."""
+
+    def __init__(self, problem: str, field: str | None = None) -> None:
+        super().__init__(problem if field is None else f"{problem} (in {field!r})")
+        self.field = field
+
+
+class _Constant(ValueError):
+    """NaN or Infinity, which Python's parser takes and JSON does not have."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _Constant(name)
+
+
+def check_json_type(content_type: str | None) -> None:
+    """Refuse a body not sent as JSON (FastAPI's rule: ``application/json`` or ``application/*+json``).
+    A browser page may send ``text/plain`` to any server without asking first; a JSON type it
+    may not, so a local server that insists on one cannot be driven by other sites' pages."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    got = repr(media) if media else "none"
+    raise JsonBodyError(f"the body must be JSON sent with Content-Type: application/json (got {got})")
+
+
+def _skip(text: str, at: int) -> int:
+    """Where the JSON white space at ``at`` in ``text`` ends."""
+    space = _SPACE.match(text, at)
+    return at if space is None else space.end()
+
+
+def _member(text: str, decoder: json.JSONDecoder, position: int | None = None) -> str | None:
+    """The top-level key of the object ``text`` whose value ``decoder`` fails on or, given a
+    ``position``, whose value holds that character; None where no member does."""
+    at = _skip(text, 0)
+    if not text.startswith("{", at):
+        return None
+    while True:
+        try:
+            key, at = decoder.raw_decode(text, _skip(text, at + 1))  # past the "{" or ","
+        except (ValueError, RecursionError):
+            return None
+        colon = _skip(text, at)
+        if not isinstance(key, str) or not text.startswith(":", colon):
+            return None
+        start = _skip(text, colon + 1)
+        try:
+            _, at = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            return key if position is None else None
+        if position is not None and start <= position < at:
+            return key
+        at = _skip(text, at)
+        if not text.startswith(",", at):
+            return None
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` levels deep (breadth
+    first: no recursion, whatever the depth)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, (dict, list))
+        ]
+    return False
+
+
+def _utf8(body: bytes) -> str:
+    """The body as text: UTF-8, a leading byte-order mark dropped (as Python's parser does)."""
+    data = body.removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # Where the bad byte is, and in which member: the text around it decodes as it is.
+        text = data.decode("utf-8", "surrogateescape")
+        position = len(data[: exc.start].decode("utf-8"))
+        offset = exc.start + len(body) - len(data)
+        problem = f"the body is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {offset}"
+        raise JsonBodyError(problem, _member(text, json.JSONDecoder(), position)) from None
+
+
+def read_json_body(body: bytes, content_type: str | None) -> dict[str, Any]:
+    """A request body as the JSON object it must be, or ``JsonBodyError`` saying why not:
+    another content type, empty, not UTF-8, not JSON (NaN and Infinity included), nested
+    more than ``MAX_JSON_DEPTH`` levels, or a JSON value other than an object."""
+    check_json_type(content_type)
+    if not body.strip():
+        raise JsonBodyError("the body is empty: send a JSON object")
+    text = _utf8(body)
+    decoder = json.JSONDecoder(parse_constant=_refuse_constant)
+    too_deep = f"the body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        value = decoder.decode(text)
+    except json.JSONDecodeError as bad:
+        raise JsonBodyError(f"the body is not valid JSON: {bad.msg} at line {bad.lineno} column {bad.colno}") from None
+    except _Constant as bad:
+        raise JsonBodyError(f"the body is not valid JSON: {bad} is not a JSON number", _member(text, decoder)) from None
+    except RecursionError:
+        raise JsonBodyError(too_deep, _member(text, decoder)) from None
+    # Only a body with that many brackets can nest that deep: most (a long prompt) skip the walk.
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH):
+        field = None
+        if isinstance(value, dict):
+            field = next((key for key, v in value.items() if _nests_deeper(v, MAX_JSON_DEPTH - 1)), None)
+        raise JsonBodyError(too_deep, field)
+    if not isinstance(value, dict):
+        raise JsonBodyError(f"the body must be a JSON object, not {_KINDS.get(type(value), 'another value')}")
+    return value

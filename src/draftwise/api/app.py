@@ -9,22 +9,24 @@ SSE chunk, non-streaming collects the steps into one response.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.routing import Match
 
 from draftwise.api import schemas as s
-from draftwise.api.errors import APIError, install_handlers
+from draftwise.api.errors import APIError, install_handlers, invalid
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.api.openapi import GUARDED, UNKNOWN_MODEL, complete, generation_responses
 from draftwise.api.pool import GenerationTimeout, Job, QueueFull, WorkerPool, build_workers
@@ -36,19 +38,20 @@ from draftwise.api.translate import (
     context_exceeded,
     encode_chat,
     encode_completion,
+    grammar_failed,
     plan,
     prompt_bytes,
 )
 from draftwise.chat import PromptTooLong
 from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
-from draftwise.grammar import CallStream, Grammars, parse_tool_calls
-from draftwise.lm import LanguageModel, Tokenizer
+from draftwise.grammar import CallStream, GrammarError, Grammars, parse_tool_calls
+from draftwise.lm import LanguageModel, Tokenizer, longest_token
 from draftwise.metrics import GenerationMetrics
 from draftwise.prediction import PREDICTION
 from draftwise.prepare import Pair
 from draftwise.verify import TokenSource
-from draftwise.web import BodyLimit, bearer_guard, error_responses
+from draftwise.web import BodyLimit, JsonBodyError, bearer_guard, error_responses, read_json_body
 
 # The engine says why it stopped; OpenAI has two words for it.
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -185,17 +188,25 @@ class Transcript:
 
 
 class _Shape:
-    """How one endpoint dresses the same generation: ids, response and chunk objects."""
+    """How one endpoint dresses the same generation: ids, response and chunk objects, each
+    with the server's ``system_fingerprint``."""
 
     id_prefix = ""
+
+    def __init__(self, fingerprint: str) -> None:
+        self.fingerprint = fingerprint
 
     def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
         raise NotImplementedError
 
-    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None, first: bool) -> Any:
+    def opening(self, rid: str, created: int, model: str) -> Any:
+        """The chunk a stream starts with, before any text; None: the text's own chunks start it."""
+        return None
+
+    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None) -> Any:
         raise NotImplementedError
 
-    def tool_chunk(self, rid: str, created: int, model: str, calls: list[s.ToolCallDelta], first: bool) -> Any:
+    def tool_chunk(self, rid: str, created: int, model: str, calls: list[s.ToolCallDelta]) -> Any:
         raise NotImplementedError  # only chat answers call tools
 
 
@@ -207,17 +218,18 @@ class _CompletionShape(_Shape):
             id=rid,
             created=created,
             model=model,
+            system_fingerprint=self.fingerprint,
             choices=[s.CompletionChoice(text="".join(t.text), finish_reason=t.finish_reason)],
             usage=t.usage(),
             speculative=t.stats(),
             provenance=t.provenance if t.plan.provenance else None,
         )
 
-    def chunk(
-        self, rid: str, created: int, model: str, text: str | None, finish: str | None, first: bool
-    ) -> s.CompletionChunk:
+    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None) -> s.CompletionChunk:
         choices = [] if text is None else [s.CompletionChoice(text=text, finish_reason=finish)]
-        return s.CompletionChunk(id=rid, created=created, model=model, choices=choices)
+        return s.CompletionChunk(
+            id=rid, created=created, model=model, system_fingerprint=self.fingerprint, choices=choices
+        )
 
 
 class _ChatShape(_Shape):
@@ -228,27 +240,31 @@ class _ChatShape(_Shape):
             id=rid,
             created=created,
             model=model,
+            system_fingerprint=self.fingerprint,
             choices=[s.ChatChoice(message=_message(t), finish_reason=t.finish_reason)],
             usage=t.usage(),
             speculative=t.stats(),
             provenance=t.provenance if t.plan.provenance else None,
         )
 
-    def chunk(
-        self, rid: str, created: int, model: str, text: str | None, finish: str | None, first: bool
-    ) -> s.ChatCompletionChunk:
-        if text is None:
-            choices = []
-        else:
-            delta = s.ChatDelta(role="assistant" if first else None, content=text if text or first else None)
-            choices = [s.ChatChunkChoice(delta=delta, finish_reason=finish)]
-        return s.ChatCompletionChunk(id=rid, created=created, model=model, choices=choices)
+    def opening(self, rid: str, created: int, model: str) -> s.ChatCompletionChunk:
+        # As OpenAI and llama-server open a chat stream: the role alone, the text from the next chunk.
+        return self._chunk(rid, created, model, [s.ChatChunkChoice(delta=s.ChatDelta(role="assistant", content=""))])
 
-    def tool_chunk(
-        self, rid: str, created: int, model: str, calls: list[s.ToolCallDelta], first: bool
-    ) -> s.ChatCompletionChunk:
-        delta = s.ChatDelta(role="assistant" if first else None, tool_calls=calls)
-        return s.ChatCompletionChunk(id=rid, created=created, model=model, choices=[s.ChatChunkChoice(delta=delta)])
+    def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None) -> s.ChatCompletionChunk:
+        if text is None:
+            return self._chunk(rid, created, model, [])
+        # A chunk without text (the last one) has an empty delta, as at OpenAI.
+        delta = s.ChatDelta(content=text or None)
+        return self._chunk(rid, created, model, [s.ChatChunkChoice(delta=delta, finish_reason=finish)])
+
+    def tool_chunk(self, rid: str, created: int, model: str, calls: list[s.ToolCallDelta]) -> s.ChatCompletionChunk:
+        return self._chunk(rid, created, model, [s.ChatChunkChoice(delta=s.ChatDelta(tool_calls=calls))])
+
+    def _chunk(self, rid: str, created: int, model: str, choices: list[s.ChatChunkChoice]) -> s.ChatCompletionChunk:
+        return s.ChatCompletionChunk(
+            id=rid, created=created, model=model, system_fingerprint=self.fingerprint, choices=choices
+        )
 
 
 def _message(t: Transcript) -> s.AssistantMessage:
@@ -286,6 +302,12 @@ def _timed_out(exc: GenerationTimeout) -> APIError:
 
 def _internal(exc: Exception) -> APIError:
     return APIError(500, f"generation failed: {type(exc).__name__}: {exc}", type="server_error")
+
+
+def _grammar_failed(exc: GrammarError, t: Transcript) -> APIError:
+    # A grammar that reaches a dead end mid-answer is the request's own schema's failure
+    # (GrammarDeadEnd: a 400, one line), not the server's: never a 500, never a normal stop.
+    return grammar_failed(exc, "tools" if t.plan.tools else "response_format")
 
 
 async def _close_on_disconnect(http: Request, job: Job) -> None:
@@ -362,8 +384,7 @@ class _Service:
         self.metrics = metrics
         self.created = int(time.time())
         # No token is longer than this, so a text of n bytes holds at least n / this tokens.
-        vocab = self.tokenizer.get_vocab()
-        self.token_bytes_max = max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1)
+        self.token_bytes_max = longest_token(self.tokenizer)
         # Chat templates and tokenizers take time in proportion to the text, which may be
         # megabytes: they run here, never on the event loop, so /health and running streams
         # go on meanwhile. Two threads: one large prompt does not hold up every other.
@@ -434,6 +455,8 @@ class _Service:
                 transcript.add(event)
         except GenerationTimeout as exc:
             raise _timed_out(exc) from exc
+        except GrammarError as exc:
+            raise _grammar_failed(exc, transcript) from exc
         except Exception as exc:  # a fault in generation: report it as OpenAI does
             raise _internal(exc) from exc
         finally:
@@ -451,49 +474,112 @@ class _Service:
         model: str,
         include_usage: bool,
     ) -> AsyncIterator[str]:
-        first = True
+        opening = shape.opening(rid, created, model)
+        if opening is not None:
+            yield _sse(opening)
+        # Until a chunk has gone out, the first step sends one even without text (a stop string
+        # may hold its text back), so the client sees the answer has begun.
+        first = opening is None
         try:
             async for event in events:
                 provenance = t.add(event)
                 text, calls = t.stream_pieces(event.text)
                 # With provenance every target pass gets its chunk, even one whose tokens a stop cut away.
                 if text or provenance is not None or (first and not calls):
-                    chunk = shape.chunk(rid, created, model, text, None, first)
+                    chunk = shape.chunk(rid, created, model, text, None)
                     chunk.provenance = provenance
                     if provenance is not None:
                         chunk.step = _step(event, self.tokenizer)
                     yield _sse(chunk)
-                    first = False
                 if calls:
-                    yield _sse(shape.tool_chunk(rid, created, model, calls, first))
-                    first = False
+                    yield _sse(shape.tool_chunk(rid, created, model, calls))
+                first = False
             text, calls = t.stream_rest()
             if text:
-                yield _sse(shape.chunk(rid, created, model, text, None, first))
-                first = False
+                yield _sse(shape.chunk(rid, created, model, text, None))
             if calls:
-                yield _sse(shape.tool_chunk(rid, created, model, calls, first))
-            last = shape.chunk(rid, created, model, "", t.finish_reason, first)
+                yield _sse(shape.tool_chunk(rid, created, model, calls))
+            last = shape.chunk(rid, created, model, "", t.finish_reason)
             last.speculative = t.stats()
             yield _sse(last)
             if include_usage:
-                usage = shape.chunk(rid, created, model, None, None, False)
+                usage = shape.chunk(rid, created, model, None, None)
                 usage.usage = t.usage()
                 yield _sse(usage)
         except GenerationTimeout as exc:
             yield _sse(_timed_out(exc).payload())
+        except GrammarError as exc:  # an error event in place of the last chunk: no normal stop
+            yield _sse(_grammar_failed(exc, t).payload())
         except Exception as exc:  # a fault in generation: say so in the stream rather than cut it short
             yield _sse(_internal(exc).payload())
         yield "data: [DONE]\n\n"
 
 
-def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
-    """OpenAI's routes: completions, chat completions and models. (Added to ``app`` itself, not
-    through a router: request counting names endpoints by ``app.routes``.)"""
-    completion_shape, chat_shape = _CompletionShape(), _ChatShape()
+class _JsonRequest(Request):
+    """A request whose body is read by ``read_json_body``, once; FastAPI takes it from here."""
 
-    @app.post(
-        "/v1/completions",
+    _checked: dict[str, Any] | None = None
+
+    async def json(self) -> Any:
+        if self._checked is None:
+            self._checked = read_json_body(await self.body(), self.headers.get("content-type"))
+        return self._checked
+
+
+class _JsonBodyRoute(APIRoute):
+    """A route whose body must be a JSON object. One that is not (another content type, not
+    UTF-8, malformed, nested too deep) is a 400 that says which and names the member where
+    there is one; FastAPI alone answers "There was an error parsing the body", or takes a
+    text/plain body for a missing object."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+        if self.body_field is None:
+            return handle
+
+        async def read_then_handle(request: Request) -> Response:
+            strict = _JsonRequest(request.scope, request.receive)
+            try:
+                await strict.json()
+            except JsonBodyError as exc:
+                raise invalid(str(exc), param=exc.field) from None
+            return await handle(strict)
+
+        return read_then_handle
+
+
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
+
+
+def _openai_route(app: FastAPI, method: str, path: str, **options: Any) -> Callable[[_Handler], _Handler]:
+    """Register a handler at ``/v1{path}`` and at ``path``, as llama-server serves OpenAI's
+    routes: the same handler under both, documented once (under /v1)."""
+
+    def register(handler: _Handler) -> _Handler:
+        for route, documented in ((f"/v1{path}", True), (path, False)):
+            app.router.add_api_route(
+                route,
+                handler,
+                methods=[method],
+                route_class_override=_JsonBodyRoute,
+                include_in_schema=documented,
+                **options,
+            )
+        return handler
+
+    return register
+
+
+def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any], fingerprint: str) -> None:
+    """OpenAI's routes: completions, chat completions and models, each also without ``/v1``.
+    (Added to ``app`` itself, not through a router: request counting names endpoints by
+    ``app.routes``.)"""
+    completion_shape, chat_shape = _CompletionShape(fingerprint), _ChatShape(fingerprint)
+
+    @_openai_route(
+        app,
+        "POST",
+        "/completions",
         dependencies=guarded,
         response_model=s.CompletionResponse,
         responses=generation_responses(s.CompletionChunk),
@@ -507,8 +593,10 @@ def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
         )
         return await service.generate(body, prompt, completion_shape, http)
 
-    @app.post(
-        "/v1/chat/completions",
+    @_openai_route(
+        app,
+        "POST",
+        "/chat/completions",
         dependencies=guarded,
         response_model=s.ChatCompletionResponse,
         responses=generation_responses(s.ChatCompletionChunk),
@@ -519,11 +607,19 @@ def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
         prompt = await service.encode(body, lambda limit: encode_chat(body, service.tokenizer, limit))
         return await service.generate(body, prompt, chat_shape, http)
 
+    _add_model_routes(app, service, guarded)
+
+
+def _add_model_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
+    """OpenAI's model listing, also without ``/v1``."""
+
     def card() -> s.ModelCard:
         return s.ModelCard(id=service.settings.served_model, created=service.created)
 
-    @app.get(
-        "/v1/models",
+    @_openai_route(
+        app,
+        "GET",
+        "/models",
         dependencies=guarded,
         response_model=s.ModelList,
         responses=error_responses(s.ErrorResponse, GUARDED),
@@ -532,8 +628,10 @@ def _add_v1_routes(app: FastAPI, service: _Service, guarded: list[Any]) -> None:
         """The served model."""
         return s.ModelList(data=[card()])
 
-    @app.get(
-        "/v1/models/{model:path}",
+    @_openai_route(
+        app,
+        "GET",
+        "/models/{model:path}",
         dependencies=guarded,
         response_model=s.ModelCard,
         responses=error_responses(s.ErrorResponse, {**GUARDED, **UNKNOWN_MODEL}),
@@ -600,10 +698,22 @@ def create_app(settings: ServerSettings, pair: Pair) -> FastAPI:
     app.state.metrics = metrics
     install_handlers(app)
     guarded = _install_middleware(app, settings, metrics)
-    _add_v1_routes(app, service, guarded)
+    _add_v1_routes(app, service, guarded, _system_fingerprint(settings, pair))
     _add_status_routes(app, service)
     complete(app, settings.served_model)  # the rest of /openapi.json
     return app
+
+
+def _system_fingerprint(settings: ServerSettings, pair: Pair) -> str:
+    """``draftwise-<version>-<hash>``, the hash of what decides the answers: the loaded models'
+    fingerprints (weights, format, threads) and the default drafter. Stable across restarts
+    of the same server; it changes when they do, as OpenAI's changes with its backend."""
+    from draftwise import __version__
+
+    draft = "no draft" if pair.draft is None else pair.draft.fingerprint
+    parts = [__version__, pair.target.fingerprint, draft, settings.default_drafter]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return f"draftwise-{__version__}-{digest[:10]}"
 
 
 def _install_middleware(app: FastAPI, settings: ServerSettings, metrics: ServerMetrics) -> list[Any]:

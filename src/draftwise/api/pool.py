@@ -18,6 +18,7 @@ import copy
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -30,6 +31,7 @@ from draftwise.events import StepEvent
 from draftwise.grammar import Grammars
 from draftwise.lm import LanguageModel, Tokenizer, cached_start
 from draftwise.policies import CostProfile
+from draftwise.prediction import EncodedPrediction, encode_prediction, predicting
 from draftwise.scheduler import Scheduler
 from draftwise.target import LocalTarget
 
@@ -70,10 +72,16 @@ class Worker:
     # Compiles requests' grammars for the target's vocabulary (one for every worker).
     grammars: Grammars | None = None
 
-    def engine(self, drafter: DrafterName) -> SpeculativeEngine:
+    def engine(self, drafter: DrafterName, prediction: EncodedPrediction | None = None) -> SpeculativeEngine:
+        """An engine for one request (``prediction``: its prediction, encoded ahead: a config
+        with none then goes with it)."""
+        chosen = make_drafter(drafter, self.draft, self.through)
+        if prediction is not None:
+            assert self.target.tokenizer is not None  # a server's target has one
+            chosen = predicting(chosen, self.target.tokenizer, prediction)
         return SpeculativeEngine(
             LocalTarget(self.target),
-            make_drafter(drafter, self.draft, self.through),
+            chosen,
             self.target.tokenizer,
             profile=self.profile,
             grammars=self.grammars,
@@ -136,7 +144,12 @@ class WorkerPool:
         # holds the longest start of its prompt (``_take``), not the one idle longest.
         self._idle: list[Worker] = list(workers)
         self._free = asyncio.Semaphore(len(workers))
-        self.scheduler = Scheduler().start()
+        self._workers = tuple(workers)
+        # What a request needs before its first pass and costs time in proportion to its text
+        # (its prediction, encoded and read back) runs here: not on the event loop, not in the
+        # rounds every stream waits on.
+        self._setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-setup")
+        self.scheduler = _paced(Scheduler(), workers).start()
         self._jobs: set[Job] = set()  # admitted and not done
         self.running = 0
 
@@ -204,6 +217,7 @@ class WorkerPool:
         prompt's start."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout - (time.perf_counter() - job.arrived)
+        prediction = await self._prediction(config)  # before a worker: encoding holds no slot
         try:
             await asyncio.wait_for(self._free.acquire(), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
@@ -224,7 +238,9 @@ class WorkerPool:
         events: asyncio.Queue[Any] = asyncio.Queue()
         sink = _JobSink(job, self.metrics, loop, events.put_nowait, lambda: self._release(job, worker))
         try:
-            self.scheduler.submit(_generation(worker, drafter, prompt, config), sink, job.cancel_flag.is_set)
+            self.scheduler.submit(
+                _generation(worker, drafter, prompt, config, prediction), sink, job.cancel_flag.is_set
+            )
         except Exception:
             self._release(job, worker)
             raise
@@ -245,17 +261,50 @@ class WorkerPool:
             # already ended.
             job.cancel("disconnect")
 
+    async def _prediction(self, config: GenerationConfig) -> EncodedPrediction | None:
+        """The request's prediction, encoded on the setup thread; None without one (or
+        without a tokenizer, which the engine refuses as it always has)."""
+        if config.prediction is None or not self._workers:
+            return None
+        tokenizer = self._workers[0].target.tokenizer
+        if tokenizer is None:
+            return None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._setup, encode_prediction, tokenizer, config.prediction)
+
     def close(self) -> None:
         """Stop every generation after the round under way."""
         for job in list(self._jobs):
             job.cancel("shutdown")
         self.scheduler.close()
+        self._setup.shutdown(wait=False)
 
 
-def _generation(worker: Worker, drafter: DrafterName, prompt: Sequence[int], config: GenerationConfig) -> Steps:
+def _generation(
+    worker: Worker,
+    drafter: DrafterName,
+    prompt: Sequence[int],
+    config: GenerationConfig,
+    prediction: EncodedPrediction | None = None,
+) -> Steps:
     """A request's generation on ``worker``; set up in the rounds, where a failure to set it
-    up ends it as any failure of its run does."""
-    yield from worker.engine(drafter).steps(prompt, config)
+    up ends it as any failure of its run does. ``prediction``: the config's, encoded ahead;
+    the engine is handed the config without it, so it adds no second one."""
+    if prediction is not None:
+        config = config.model_copy(update={"prediction": None})
+    yield from worker.engine(drafter, prediction).steps(prompt, config)
+
+
+def _paced(scheduler: Scheduler, workers: Sequence[Worker]) -> Scheduler:
+    """``scheduler``, pricing the target's batched passes by the shared cost profile's pass
+    curve (calibrated, then learnt), so that a long prompt goes in pieces sized in time
+    beside the streams that are generating (``Scheduler.pace``). Prompts are the target's:
+    a draft model only ever serves generating streams."""
+    first = workers[0] if workers else None
+    if isinstance(first, Worker) and first.target.batch is not None:
+        profile = first.profile
+        scheduler.pace(first.target.batch, lambda rows: profile.pass_times.at(rows, rising=True))
+    return scheduler
 
 
 class _JobSink:

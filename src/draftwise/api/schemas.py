@@ -309,8 +309,17 @@ class ChatMessage(_Request):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+# Most messages a request may hold. Each message runs checks of its own while the body is
+# validated, on the event loop every stream's chunks go through: a body under the size limit
+# could hold a few hundred thousand one-character messages and pause them all. A list this
+# long is refused before its items are read, and no real conversation comes near it.
+MAX_MESSAGES = 2048
+
+
 class ChatCompletionRequest(GenerationRequest):
-    messages: list[ChatMessage] = Field(..., min_length=1, description="the conversation so far")
+    messages: list[ChatMessage] = Field(
+        ..., min_length=1, max_length=MAX_MESSAGES, description="the conversation so far"
+    )
     max_completion_tokens: Int | None = Field(None, ge=1, description="newer name of max_tokens; wins over it")
     tools: list[Tool] | None = Field(None, max_length=128, description="functions the model may call")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
@@ -449,6 +458,11 @@ class _Envelope(BaseModel):
     id: str
     created: int
     model: str
+    system_fingerprint: str = Field(
+        ...,
+        description="the serving configuration: draftwise's version and the loaded models (weights, format, "
+        "threads); it changes when they do, as OpenAI's changes with its backend",
+    )
     usage: Usage | None = None
     speculative: dict[str, Any] | None = Field(None, description=_STATS_DOC)
     provenance: list[TokenProvenance] | None = None

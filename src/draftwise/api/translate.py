@@ -30,7 +30,7 @@ from draftwise.config import (
     GrammarSpec,
     SamplingConfig,
 )
-from draftwise.grammar import TOOL_CLOSE, TOOL_OPEN, GrammarError, Grammars, tool_call_grammar
+from draftwise.grammar import TOOL_CLOSE, TOOL_OPEN, GrammarDeadEnd, GrammarError, Grammars, tool_call_grammar
 from draftwise.lm import Tokenizer
 
 
@@ -158,11 +158,9 @@ def check_prediction(
 def grammar_spec(request: GenerationRequest) -> GrammarSpec | None:
     """The grammar a request's ``response_format`` or tools ask for; None for free text."""
     if isinstance(request, ChatCompletionRequest) and request.calls_tools:
-        tools = request.tools or []
         choice = request.tool_choice
-        named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-        functions = [(t.function.name, t.function.parameters) for t in tools if named in (None, t.function.name)]
-        return tool_call_grammar(functions, request.parallel_tool_calls, required=choice == "required" or bool(named))
+        required = choice == "required" or isinstance(choice, NamedToolChoice)
+        return tool_call_grammar(_functions(request), request.parallel_tool_calls, required=required)
     fmt = request.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -172,18 +170,60 @@ def grammar_spec(request: GenerationRequest) -> GrammarSpec | None:
     return GrammarSpec(kind="json_schema", text=json.dumps(fmt.json_schema.json_schema))
 
 
+def grammar_param(request: GenerationRequest) -> str:
+    """The request field its grammar comes from: ``tools`` or ``response_format``."""
+    return "tools" if isinstance(request, ChatCompletionRequest) and request.calls_tools else "response_format"
+
+
+def grammar_failed(exc: GrammarError, param: str) -> APIError:
+    """The answer to a grammar that failed, at the check or mid-answer (``GrammarDeadEnd``):
+    a 400 naming the request's field, in one line. Mid-answer too, since it is the request's
+    own schema that fails (sent again, it fails again), not the server."""
+    code = "grammar_dead_end" if isinstance(exc, GrammarDeadEnd) else "invalid_schema"
+    return APIError(exc.status, str(exc), param=param, code=code)
+
+
 def check_grammar(request: GenerationRequest, grammars: Grammars | None) -> None:
-    """Refuse a schema that cannot be compiled, in one line naming what is wrong."""
+    """Refuse a schema that cannot be compiled, or that llguidance could not follow from its
+    start (``Grammars.check``), in one line naming what is wrong."""
     spec = grammar_spec(request)
     if spec is None:
         return
+    param = grammar_param(request)
     if grammars is None:
-        raise APIError(400, "this server's model has no tokenizer for structured output", param="response_format")
+        raise APIError(400, "this server's model has no tokenizer for structured output", param=param)
+    try:
+        for name, function in _tool_schemas(request):
+            _check_function(grammars, name, function)
+        grammars.check(spec)
+    except GrammarError as exc:
+        raise grammar_failed(exc, param) from exc
+
+
+def _check_function(grammars: Grammars, name: str, spec: GrammarSpec) -> None:
     try:
         grammars.check(spec)
     except GrammarError as exc:
-        param = "tools" if isinstance(request, ChatCompletionRequest) and request.calls_tools else "response_format"
-        raise APIError(400, str(exc), param=param, code="invalid_schema") from exc
+        raise GrammarError(f"function {name!r}: {exc}") from exc
+
+
+def _functions(request: ChatCompletionRequest) -> list[tuple[str, dict[str, Any]]]:
+    """(name, parameters schema) of each function the answer may call: the one ``tool_choice``
+    names, else every tool."""
+    choice = request.tool_choice
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    return [(t.function.name, t.function.parameters) for t in request.tools or [] if named in (None, t.function.name)]
+
+
+def _tool_schemas(request: GenerationRequest) -> list[tuple[str, GrammarSpec]]:
+    """Each callable function's parameters as a JSON schema of its own. The check of the whole
+    tool-call grammar walks only as far as the text is forced: with several functions, to the
+    choice of name. A function's arguments that llguidance cannot follow (too many optional
+    properties) would show only once the model picked it; checked alone, each is walked
+    from its own start."""
+    if not (isinstance(request, ChatCompletionRequest) and request.calls_tools):
+        return []
+    return [(name, GrammarSpec(kind="json_schema", text=json.dumps(schema))) for name, schema in _functions(request)]
 
 
 def _validated(cls: type[BaseModel], data: dict[str, Any], prefix: tuple[str, ...]) -> Any:

@@ -12,9 +12,11 @@ scheduler hands the batcher every stream's pending pass once a round
 
 In each pass (``Batcher.step``):
 
-1. Take rows up to the row budget (``rows``): the smallest requests first, so that a long
-   prompt never holds up the others' one-token steps; a prompt longer than what is left is
-   fed in pieces over several passes, mixed with everybody's steps.
+1. Take rows up to the row budget (``rows``, or fewer where the scheduler says so: beside
+   other streams, a piece's rows are priced in time, see ``draftwise.scheduler``): the
+   smallest requests first, so that a long prompt never holds up the others' one-token
+   steps; a prompt longer than what is left is fed in pieces over several passes, mixed
+   with everybody's steps.
 2. One ``llama_decode``; copy each finished request's score rows out of llama.cpp's buffer
    (the next pass overwrites it).
 
@@ -42,7 +44,8 @@ from draftwise.lm import Forward
 # Most rows per pass of a context of several slots: a long prompt goes in pieces, between the
 # other streams' steps. It holds 4 streams' longest blocks (65 rows each), and a pass of a few
 # hundred rows costs least per row on these CPUs (llama-bench -t 2 on the 1.5B default target:
-# 64 and 256 rows at the same rate, 512 slower).
+# 64 and 256 rows at the same rate, 512 slower). While other streams wait on the pass, the
+# scheduler asks for fewer (``Batcher.step``'s ``rows``).
 ROWS = 256
 
 
@@ -135,9 +138,10 @@ class _Context:
         self.api.llama_batch_free(self.batch)
         self.api.llama_free(self.ctx)
 
-    def run(self, pending: list[Request]) -> set[int]:
-        """One pass (steps 1 and 2); returns the sequences it served."""
-        plan = _plan(pending, self.rows)
+    def run(self, pending: list[Request], rows: int | None = None) -> set[int]:
+        """One pass (steps 1 and 2) of at most ``rows`` rows (None: the budget); returns the
+        sequences it served."""
+        plan = _plan(pending, self.rows if rows is None else max(1, min(rows, self.rows)))
         n = 0
         outputs: list[tuple[Request, int]] = []  # (request, score rows it gets from this pass)
         for request, take in plan:
@@ -224,10 +228,11 @@ class Batcher:
         with self._slots:
             self._free.append(seq)
 
-    def step(self, forwards: Sequence[Forward]) -> None:
-        """One pass over ``forwards`` of this context's sequences (``LlamaCppModel``): each
-        one fed whole gets its ``scores``; one its sequence refused (a full context), or in a
-        pass that failed, gets its ``error``."""
+    def step(self, forwards: Sequence[Forward], rows: int | None = None) -> int:
+        """One pass over ``forwards`` of this context's sequences (``LlamaCppModel``), of at
+        most ``rows`` rows (None: the row budget): each one fed whole gets its ``scores``; one
+        its sequence refused (a full context), or in a pass that failed, gets its ``error``.
+        Returns the rows it fed."""
         with self._pass:
             live: list[tuple[Forward, Request]] = []
             for forward in forwards:
@@ -238,18 +243,20 @@ class Batcher:
                 except Exception as exc:  # this sequence's fault: the others' pass goes on
                     forward.error = exc
             if not live:
-                return
+                return 0
             pending = [request for _, request in live]
-            fed = sum(r.fed for r in pending)
+            before = sum(r.fed for r in pending)
             try:
-                served = self._context.run(pending)
+                served = self._context.run(pending, rows)
             except Exception as exc:  # a failed pass fails the requests in it
                 for forward, _ in live:
                     forward.error = exc
-                return
+                return 0
+            fed = sum(r.fed for r in pending) - before
             self.stats.passes += 1
-            self.stats.rows += sum(r.fed for r in pending) - fed
+            self.stats.rows += fed
             self.stats.sequences += len(served)
             for forward, request in live:
                 if request.left == 0:
                     forward.scores = forward.lm.end(request)  # type: ignore[attr-defined]
+            return fed

@@ -14,7 +14,6 @@ Built by ``create_app(settings, lm)`` over a loaded target; all state lives in t
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import secrets
 import threading
@@ -60,7 +59,17 @@ from draftwise.remote.protocol import (
 from draftwise.remote.settings import VerifierSettings
 from draftwise.scheduler import Scheduler
 from draftwise.target import LocalTarget
-from draftwise.web import BodyLimit, bearer_guard, drop_framework_422, error_responses, malformed_json
+from draftwise.web import (
+    MAX_JSON_DEPTH,
+    BodyLimit,
+    JsonBodyError,
+    bearer_guard,
+    check_json_type,
+    drop_framework_422,
+    error_responses,
+    malformed_json,
+    read_json_body,
+)
 
 # q rows are probabilities computed in float32 by the drafter: their sum may exceed 1 by
 # round-off, never by more than this.
@@ -375,43 +384,39 @@ _OPEN_COMMAS = 16
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
-def parse_open_session(body: bytes, max_context: int) -> OpenSession:
-    """The body of ``POST /v1/sessions``, parsed and checked; the route runs it in a worker thread.
+def parse_open_session(body: bytes, max_context: int, content_type: str | None) -> OpenSession:
+    """The body of ``POST /v1/sessions`` (sent as ``content_type``), parsed and checked; the
+    route runs it in a worker thread.
 
-    A thread alone does not keep a large body from holding up other requests: pydantic keeps
-    the GIL while it parses, and a body of ``max_body_bytes`` can hold a million numbers (most
-    of a second's work). A prompt has fewer tokens than ``max_context``, so a body with more
-    commas than that (and the sampling settings' few) outside its strings (a grammar's text
-    has commas of its own) cannot be valid: it is refused before it is parsed, and what is
-    parsed is at most about ``max_context`` numbers.
+    A thread alone does not keep a large body from holding up other requests: the parser keeps
+    the GIL, and a body of ``max_body_bytes`` can hold a million numbers (most of a second's
+    work). A prompt has fewer tokens than ``max_context``, so a body with more commas than that
+    (and the sampling settings' few) outside its strings (a grammar's text has commas of its
+    own) cannot be valid: it is refused before it is parsed, and what is parsed is at most
+    about ``max_context`` numbers. A body that is no JSON object (another content type, not
+    UTF-8, malformed, nested too deep) is a 400 saying which (``read_json_body``).
     """
-    limit = max_context + _OPEN_COMMAS
-    if _STRINGS.sub(b'""', body).count(b",") > limit:  # a quick scan, next to parsing
-        raise VerifierError(
-            422,
-            f"the body holds over {limit} values, more than a session can: this server's max_context of "
-            f"{max_context} leaves room for prompts of at most {max_context - 1} tokens",
-        )
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise VerifierError(400, "the body is not JSON text (not UTF-8)") from None
+        check_json_type(content_type)  # first: a body of another type is not counted either
+        limit = max_context + _OPEN_COMMAS
+        if _STRINGS.sub(b'""', body).count(b",") > limit:  # a quick scan, next to parsing
+            raise VerifierError(
+                422,
+                f"the body holds over {limit} values, more than a session can: this server's max_context of "
+                f"{max_context} leaves room for prompts of at most {max_context - 1} tokens",
+            )
+        value = read_json_body(body, content_type)
+    except JsonBodyError as exc:
+        raise VerifierError(400, str(exc)) from None
     try:
-        return OpenSession.model_validate_json(text)
+        return OpenSession.model_validate(value)
     except ValidationError as exc:
-        if any(error["type"] == "json_invalid" for error in exc.errors()):
-            try:  # the standard parser's words, as the other routes give them (web.malformed_json)
-                json.loads(text)
-            except json.JSONDecodeError as bad:
-                raise VerifierError(
-                    400, f"the body is not valid JSON: {bad.msg} at line {bad.lineno} column {bad.colno}"
-                ) from None
         raise VerifierError(422, validation_message(exc, every=True)) from None
 
 
-def _open_from_body(service: VerifierService, body: bytes) -> SessionOpened:
+def _open_from_body(service: VerifierService, body: bytes, content_type: str | None) -> SessionOpened:
     """``POST /v1/sessions`` past the event loop: the body parsed and checked, the session opened."""
-    return service.open(parse_open_session(body, service.max_context))
+    return service.open(parse_open_session(body, service.max_context, content_type))
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -435,7 +440,8 @@ _UNKNOWN = {404: "unknown session (closed, expired or evicted): open a new one"}
 _OPEN_ERRORS = {
     **_AUTH,
     **_BODY,
-    400: "the body is not JSON text (malformed, or not UTF-8)",
+    400: "the body is no JSON object: another Content-Type, empty, not UTF-8, malformed, or nested deeper "
+    f"than {MAX_JSON_DEPTH} levels",
     422: "invalid session settings or prompt (the message names the field), or a prompt that "
     "leaves no room under max_context",
 }
@@ -497,7 +503,8 @@ def _session_routes(service: VerifierService, authorize: Callable[..., Any]) -> 
         """Open a session: prefill the prompt (all but its last token) into a fresh KV cache."""
         # The body is read here, parsed and checked in the worker thread with the prefill: on the
         # event loop, a large one would hold up every other request (/health included).
-        return await anyio.to_thread.run_sync(_open_from_body, service, await request.body())
+        body, content_type = await request.body(), request.headers.get("content-type")
+        return await anyio.to_thread.run_sync(_open_from_body, service, body, content_type)
 
     @router.delete(
         "/v1/sessions/{session_id}",
