@@ -26,3 +26,23 @@ LATE_DEAD_END: dict[str, Any] = {
     "required": ["k", "o"],
     "additionalProperties": False,
 }
+
+
+def count_compiles(monkeypatch: Any) -> list[Any]:
+    """Make llguidance's matcher count the grammars it is built with; returns the list each
+    build appends its grammar to."""
+    import llguidance
+
+    built: list[Any] = []
+    matcher = llguidance.LLMatcher
+
+    class Counting:  # llguidance's matcher, counting the grammars compiled
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            built.append(args[1])
+            return matcher(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(matcher, name)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", Counting())
+    return built

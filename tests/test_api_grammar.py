@@ -18,7 +18,7 @@ from draftwise.api.app import create_app  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.grammar import REASON_CHARS  # noqa: E402
 from draftwise.prepare import Pair  # noqa: E402
-from grammar_support import LATE_DEAD_END, UNFINISHABLE, optional_properties  # noqa: E402
+from grammar_support import LATE_DEAD_END, UNFINISHABLE, count_compiles, optional_properties  # noqa: E402
 
 from cli_support import run_cli_here  # noqa: E402
 from server_support import serve_in_background  # noqa: E402
@@ -101,20 +101,7 @@ def test_a_streamed_dead_end_ends_with_an_error_event_and_no_finish_reason(url):
 
 
 def test_the_same_bad_schema_is_compiled_once(url, monkeypatch):
-    import llguidance
-
-    built = []
-    matcher = llguidance.LLMatcher
-
-    class Counting:  # llguidance's matcher, counting the grammars compiled
-        def __call__(self, *args, **kwargs):
-            built.append(args[1])
-            return matcher(*args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(matcher, name)
-
-    monkeypatch.setattr(llguidance, "LLMatcher", Counting())
+    built = count_compiles(monkeypatch)
     bad = _format(optional_properties(3001))  # a schema no other test sends: not yet kept
     first = _error(_chat(url, response_format=bad), 400, "response_format")
     second = _error(_chat(url, response_format=bad), 400, "response_format")

@@ -139,13 +139,19 @@ def _prompt_of(lm, ids: list[int]):
     return (yield Forward(lm, ids, last=2))
 
 
-@needs_model
-def test_a_long_prompt_is_fed_in_pieces_between_the_others_steps(alone, shared):
+def _short_beside_long(alone, shared):
+    """A 300-token prompt, a sequence that has read a short prompt, and an empty one."""
     long_ids = (alone.tokenizer.encode(PROMPTS[1]) * 30)[:300]
     short, long = shared.fork(), shared.fork()
     short.reset()
     short.forward(alone.tokenizer.encode(PROMPTS[0]), last=1)
     long.reset()
+    return long_ids, short, long
+
+
+@needs_model
+def test_a_long_prompt_is_fed_in_pieces_between_the_others_steps(alone, shared):
+    long_ids, short, long = _short_beside_long(alone, shared)
     scheduler = Scheduler()
     rows, passes = shared.batcher.stats.rows, shared.batcher.stats.passes
     _, (scores,) = run_together([_steps_of(short, 8), _wrap(_prompt_of(long, long_ids))], scheduler)
@@ -162,18 +168,16 @@ def test_a_long_prompt_is_fed_in_pieces_between_the_others_steps(alone, shared):
 
 @needs_model
 def test_beside_a_decoding_stream_a_priced_batch_takes_the_rows_the_scheduler_allows(alone, shared):
-    long_ids = (alone.tokenizer.encode(PROMPTS[1]) * 30)[:300]
-    short, long = shared.fork(), shared.fork()
-    short.reset()
-    short.forward(alone.tokenizer.encode(PROMPTS[0]), last=1)
-    long.reset()
+    long_ids, short, long = _short_beside_long(alone, shared)
     scheduler = Scheduler()
-    # A made-up curve under which the bound allows a pass of 41 rows: the step and 40 of the prompt.
-    scheduler.pace(shared.batcher, lambda rows: PIECE_SECONDS * (rows - 1) / 40.5)
+    # A made-up curve under which the bound allows a pass of 100 rows: the step and 99 of the
+    # prompt. Beside the short stream's two steps the prompt goes in two pieces of 99 (the
+    # row budget alone would take 255 and 45), then alone, whole: 102 rows.
+    scheduler.pace(shared.batcher, lambda rows: PIECE_SECONDS * (rows - 1) / 99.5)
     rows, passes = shared.batcher.stats.rows, shared.batcher.stats.passes
-    _, (scores,) = run_together([_steps_of(short, 10), _wrap(_prompt_of(long, long_ids))], scheduler)
-    assert shared.batcher.stats.passes - passes == 10  # 7 pieces of 40 and one of 20, each beside a step
-    assert shared.batcher.stats.rows - rows == 300 + 10
+    _, (scores,) = run_together([_steps_of(short, 2), _wrap(_prompt_of(long, long_ids))], scheduler)
+    assert shared.batcher.stats.passes - passes == 3
+    assert shared.batcher.stats.rows - rows == 300 + 2
     alone.reset()
     assert torch.equal(alone.forward(long_ids, last=2).argmax(-1), scores.argmax(-1))
 

@@ -37,7 +37,7 @@ from draftwise.lm import drive
 from draftwise.policies import PLAIN, Choice
 from draftwise.target import LocalTarget
 from draftwise.verify import apply_mask, masked_argmax, pack_bits, unpack_bits, verify
-from grammar_support import LATE_DEAD_END, UNFINISHABLE, optional_properties
+from grammar_support import LATE_DEAD_END, UNFINISHABLE, count_compiles, optional_properties
 
 from stats_support import ALPHA, as_dist, chi2_pvalue
 
@@ -188,20 +188,7 @@ def test_masks_past_a_refused_token_allow_nothing_and_leave_the_grammar_whole(gr
 
 
 def test_a_grammar_is_compiled_once_and_each_stream_gets_its_own_state(tiny_target, monkeypatch):
-    import llguidance
-
-    built = []
-    matcher = llguidance.LLMatcher
-
-    class Counting:  # llguidance's matcher, counting the grammars compiled
-        def __call__(self, *args, **kwargs):
-            built.append(args[1])
-            return matcher(*args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(matcher, name)
-
-    monkeypatch.setattr(llguidance, "LLMatcher", Counting())
+    built = count_compiles(monkeypatch)
     grammars = grammars_of(tiny_target)  # a fresh table: nothing compiled yet
     a, b, d = (ids(tiny_target.tokenizer, ch)[0] for ch in "abd")
     grammars.check(regex("a(b|c)d"))  # the request's check compiles it
@@ -428,20 +415,7 @@ def test_a_dead_end_is_seen_where_the_matcher_fails_however_it_is_reached(gramma
 def test_a_failed_compile_is_kept_and_a_panic_is_one_short_line(tiny_target, monkeypatch):
     """12,000 properties: 3 to 4 s of compile, then an assertion inside llguidance (a Rust panic
     with its backtrace). The message is one line, and a second request pays no compile."""
-    import llguidance
-
-    built = []
-    matcher = llguidance.LLMatcher
-
-    class Counting:  # llguidance's matcher, counting the grammars compiled
-        def __call__(self, *args, **kwargs):
-            built.append(args[1])
-            return matcher(*args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(matcher, name)
-
-    monkeypatch.setattr(llguidance, "LLMatcher", Counting())
+    built = count_compiles(monkeypatch)
     grammars = grammars_of(tiny_target)
     messages = []
     for _ in range(2):
