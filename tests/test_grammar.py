@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from draftwise import GenerationConfig, SpeculativeEngine, autoregressive, engine as engine_module
+from draftwise.api.tools import CallStream, held_back, parse_tool_calls, tool_call_grammar
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
 from draftwise.drafters import ModelDrafter, NGramDrafter, build_drafter
@@ -23,15 +24,11 @@ from draftwise.engine import grammars_of
 from draftwise.grammar import (
     GRAMMAR,
     REASON_CHARS,
-    CallStream,
     Constrained,
     GrammarDeadEnd,
     GrammarError,
     Grammars,
-    held_back,
     llguidance_reason,
-    parse_tool_calls,
-    tool_call_grammar,
 )
 from draftwise.lm import drive
 from draftwise.policies import PLAIN, Choice

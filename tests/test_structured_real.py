@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from draftwise.api.tools import TOOL_OPEN
 from draftwise.config import ModelOptions
-from draftwise.grammar import TOOL_OPEN
 from draftwise.loading import load_lm
 from grammar_support import UNFINISHABLE, optional_properties
 

@@ -172,6 +172,7 @@ class GrammarSpec(_Strict):
         description="the grammar applies from where the output first holds this text (a tool call's opening "
         "tag), which the grammar's own text starts with; free text before it; None = from the start",
     )
+    name: str | None = Field(None, description="what messages call it; None = its kind's name")
 
 
 class GenerationConfig(_Strict):

@@ -31,6 +31,7 @@ from draftwise.api.monitoring import ServerMetrics
 from draftwise.api.openapi import GUARDED, UNKNOWN_MODEL, complete, generation_responses
 from draftwise.api.pool import GenerationTimeout, Job, QueueFull, WorkerPool, build_workers
 from draftwise.api.settings import ServerSettings
+from draftwise.api.tools import CallStream, parse_tool_calls
 from draftwise.api.translate import (
     Plan,
     check_grammar,
@@ -45,7 +46,7 @@ from draftwise.api.translate import (
 from draftwise.chat import PromptTooLong
 from draftwise.errors import ModelLoadError
 from draftwise.events import StepEvent
-from draftwise.grammar import CallStream, GrammarError, Grammars, parse_tool_calls
+from draftwise.grammar import GrammarError, Grammars
 from draftwise.lm import LanguageModel, Tokenizer, longest_token
 from draftwise.metrics import GenerationMetrics
 from draftwise.prediction import PREDICTION

@@ -21,6 +21,7 @@ from draftwise.api.schemas import (
     NamedToolChoice,
 )
 from draftwise.api.settings import ServerSettings
+from draftwise.api.tools import TOOL_CLOSE, TOOL_OPEN, tool_call_grammar
 from draftwise.chat import PromptError, PromptTooLong, encode_messages, encode_raw
 from draftwise.config import (
     NEEDS_DRAFT_MODEL,
@@ -30,7 +31,7 @@ from draftwise.config import (
     GrammarSpec,
     SamplingConfig,
 )
-from draftwise.grammar import TOOL_CLOSE, TOOL_OPEN, GrammarDeadEnd, GrammarError, Grammars, tool_call_grammar
+from draftwise.grammar import GrammarDeadEnd, GrammarError, Grammars
 from draftwise.lm import Tokenizer
 
 
