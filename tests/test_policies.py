@@ -234,6 +234,16 @@ def test_beside_other_streams_the_guard_bounds_the_rounds_loss_by_this_streams_s
     assert seconds - tokens * plain_token <= bound
 
 
+def test_while_the_guard_holds_drafting_back_a_grammar_s_forced_tokens_still_go():
+    # The account is overdrawn: no token is guessed, but the three tokens a grammar forces are
+    # drafted (sure, free), since a 4-row pass that surely emits 4 tokens beats four plain steps.
+    policy = host(AMD)
+    policy.account = -1.0
+    forced = Offer("ngram", key="ngram:1", cost_hint=0.0, sure=3)
+    assert policy.choose([forced], 1000) == Choice(forced, 3)
+    assert policy.choose([LOOKUP], 1000) == PLAIN
+
+
 @pytest.mark.parametrize("curve", [INTEL, AMD])
 def test_a_hopeless_source_is_probed_only_as_fast_as_the_allowance_pays(curve):
     ks, seconds, tokens = simulate(host(curve), LOOKUP, [0.0], curve, 500)

@@ -390,7 +390,8 @@ class CostAwareK:
     5. **Guard.** The account starts at zero; every step pays ``ALLOWANCE`` of its time into it,
        and every drafting step what it earned against plain decoding: the tokens its rounds
        emitted times the measured time of a plain token, less its own measured time (negative
-       when it lost). While the account is below zero, nothing is drafted. So on any host, and
+       when it lost). While the account is below zero, nothing is guessed (a grammar's forced
+       tokens, sure and free, still go). So on any host, and
        whatever the estimates get wrong, drafting costs a run at most ``ALLOWANCE`` of its
        decoding time plus the loss of the one step that overdrew (with the default ``k_max``,
        a 13-row pass against a one-row one).
@@ -512,15 +513,18 @@ class CostAwareK:
             self.budget = self.OPENING / plain.rate
         priced = sorted((a for o in offers for a in self.arms(o, remaining)), key=lambda a: -a.rate)
         best = priced[0] if priced and priced[0].rate > plain.rate else plain
-        taken = self._take(offers, remaining, best, plain)
+        taken = self._take(offers, remaining, best, plain, priced)
         self.weighed = tuple(dict.fromkeys((taken, best, *priced[:2], plain)))[:4]
         return taken.choice
 
-    def _take(self, offers: Sequence[Offer], remaining: int, best: Arm, plain: Arm) -> Arm:
+    def _take(self, offers: Sequence[Offer], remaining: int, best: Arm, plain: Arm, priced: list[Arm]) -> Arm:
         """Steps 4 and 5: the guard, else the arm that could do best among those whose
         failure the exploration budget covers, else ``best``."""
         if self.account < 0:
-            return plain  # drafting has lost more than its allowance
+            # Drafting has lost more than its allowance: nothing is guessed, but a block of a
+            # grammar's forced tokens alone (sure, and free to draft) still goes where it pays.
+            sure = [a for a in priced if a.choice.offer is not None and a.choice.k <= a.choice.offer.sure]
+            return max(sure, key=lambda a: a.rate) if sure and max(a.rate for a in sure) > plain.rate else plain
         assert self.budget is not None  # opened at the first choice
         budget = self.budget
         hopes = (a for o in offers for a in self.arms(o, remaining, optimistic=True))
