@@ -40,6 +40,7 @@ from draftwise.api.translate import (
     encode_chat,
     encode_completion,
     grammar_failed,
+    grammar_param,
     plan,
     prompt_bytes,
 )
@@ -308,7 +309,7 @@ def _internal(exc: Exception) -> APIError:
 def _grammar_failed(exc: GrammarError, t: Transcript) -> APIError:
     # A grammar that reaches a dead end mid-answer is the request's own schema's failure
     # (GrammarDeadEnd: a 400, one line), not the server's: never a 500, never a normal stop.
-    return grammar_failed(exc, "tools" if t.plan.tools else "response_format")
+    return grammar_failed(exc, grammar_param(t.plan.tools))
 
 
 async def _close_on_disconnect(http: Request, job: Job) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -156,9 +156,14 @@ def check_prediction(
         )
 
 
+def offers_tools(request: GenerationRequest) -> TypeGuard[ChatCompletionRequest]:
+    """Whether the answer may call tools (a chat request with tools, ``tool_choice`` not none)."""
+    return isinstance(request, ChatCompletionRequest) and request.calls_tools
+
+
 def grammar_spec(request: GenerationRequest) -> GrammarSpec | None:
     """The grammar a request's ``response_format`` or tools ask for; None for free text."""
-    if isinstance(request, ChatCompletionRequest) and request.calls_tools:
+    if offers_tools(request):
         choice = request.tool_choice
         required = choice == "required" or isinstance(choice, NamedToolChoice)
         return tool_call_grammar(_functions(request), request.parallel_tool_calls, required=required)
@@ -171,9 +176,10 @@ def grammar_spec(request: GenerationRequest) -> GrammarSpec | None:
     return GrammarSpec(kind="json_schema", text=json.dumps(fmt.json_schema.json_schema))
 
 
-def grammar_param(request: GenerationRequest) -> str:
-    """The request field its grammar comes from: ``tools`` or ``response_format``."""
-    return "tools" if isinstance(request, ChatCompletionRequest) and request.calls_tools else "response_format"
+def grammar_param(tools: bool) -> str:
+    """The request field its grammar comes from: ``tools`` where the answer may call them
+    (``offers_tools``), else ``response_format``."""
+    return "tools" if tools else "response_format"
 
 
 def grammar_failed(exc: GrammarError, param: str) -> APIError:
@@ -190,7 +196,7 @@ def check_grammar(request: GenerationRequest, grammars: Grammars | None) -> None
     spec = grammar_spec(request)
     if spec is None:
         return
-    param = grammar_param(request)
+    param = grammar_param(offers_tools(request))
     if grammars is None:
         raise APIError(400, "this server's model has no tokenizer for structured output", param=param)
     try:
@@ -222,7 +228,7 @@ def _tool_schemas(request: GenerationRequest) -> list[tuple[str, GrammarSpec]]:
     choice of name. A function's arguments that llguidance cannot follow (too many optional
     properties) would show only once the model picked it; checked alone, each is walked
     from its own start."""
-    if not (isinstance(request, ChatCompletionRequest) and request.calls_tools):
+    if not offers_tools(request):
         return []
     return [(name, GrammarSpec(kind="json_schema", text=json.dumps(schema))) for name, schema in _functions(request)]
 
@@ -292,5 +298,5 @@ def plan(
         drafter=drafter,
         provenance=options is not None and options.provenance,
         cache_prompt=options is None or options.cache_prompt,
-        tools=isinstance(request, ChatCompletionRequest) and request.calls_tools,
+        tools=offers_tools(request),
     )
