@@ -65,7 +65,7 @@ def _wait_for(condition, timeout: float = 20.0) -> None:
 
 @pytest.fixture(scope="module")
 def server(tiny_target, tiny_near_draft) -> Iterator[str]:
-    """Two workers, a draft model and room for a few waiting requests."""
+    """Two slots, a draft model and room for a few waiting requests."""
     yield from _serve(tiny_target, tiny_near_draft, slots=2, queue_size=8)
 
 
@@ -269,12 +269,12 @@ def test_metrics_name_each_endpoint_by_its_route(tiny_target):
 
 
 def test_a_full_queue_says_how_many_wait():
-    """Two workers and a queue of 8 hold 10 requests, whether or not they have reached a worker
+    """Two slots and a queue of 8 hold 10 requests, whether or not they have reached a slot
     yet (here none has): the refusal counts the 8 in the queue, not all 10."""
     from draftwise.api.monitoring import ServerMetrics
-    from draftwise.api.pool import QueueFull, WorkerPool
+    from draftwise.api.pool import QueueFull, SlotPool
 
-    pool = WorkerPool([object(), object()], queue_size=8, timeout=10, metrics=ServerMetrics())
+    pool = SlotPool([object(), object()], queue_size=8, timeout=10, metrics=ServerMetrics())
     try:
         for _ in range(10):
             pool.admit()
@@ -319,7 +319,7 @@ def test_metrics_counters_move(tiny_target, tiny_near_draft):
 
 
 def test_a_slot_reuses_the_prompt_start_it_holds(tiny_target):
-    """One worker: the second chat with the same system prompt prefills only what differs,
+    """One slot: the second chat with the same system prompt prefills only what differs,
     says so in its usage and /metrics, and answers as a fresh prefill does."""
     system = {"role": "system", "content": "You answer in one short sentence about the sea."}
 
@@ -346,13 +346,13 @@ def test_a_slot_reuses_the_prompt_start_it_holds(tiny_target):
 
 
 def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
-    """One worker, one waiting place: the third request is refused; closing the streams
+    """One slot, one waiting place: the third request is refused; closing the streams
     stops their generations early, which /metrics shows."""
     for url in _serve(tiny_target, slots=1, queue_size=1, retry_after=3):
         client = _client(url)
         long = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "temperature": 0, "stream": True}
         running = client.completions.create(**long)
-        next(iter(running))  # the first worker is generating
+        next(iter(running))  # the first slot is generating
         waiting = client.completions.create(**long)
         _wait_for(lambda: httpx.get(f"{url}/health").json()["queued"] == 1)
         with pytest.raises(openai.RateLimitError) as refused:
@@ -379,7 +379,7 @@ def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
         assert m[("draftwise_generated_tokens_total", ())] < 1500
         assert m[("draftwise_requests_rejected_total", ())] == 1
         assert m[("draftwise_requests_total", (("code", "429"), ("endpoint", "/v1/completions")))] == 1
-        # The worker is free again.
+        # The slot is free again.
         again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0)
         assert again.usage.completion_tokens == 5
 
@@ -414,16 +414,16 @@ def test_non_streaming_disconnect_cancels(tiny_target):
 
 def test_engine_failure_is_reported_not_hidden(tiny_target, monkeypatch):
     """A fault inside generation: 500 in OpenAI's shape, or an error event mid-stream; the
-    worker is released either way."""
-    from draftwise.api.pool import Worker
+    slot is released either way."""
+    from draftwise.api.pool import Slot
 
-    def broken(self, *args, **kwargs):  # whatever Worker.engine takes (a drafter, a prediction...)
+    def broken(self, *args, **kwargs):  # whatever Slot.engine takes (a drafter, a prediction...)
         raise RuntimeError("engine exploded")
 
     for url in _serve(tiny_target, request_timeout=20):
         client = _client(url, timeout=30)
         with monkeypatch.context() as patch:
-            patch.setattr(Worker, "engine", broken)
+            patch.setattr(Slot, "engine", broken)
             with pytest.raises(openai.InternalServerError, match="engine exploded"):
                 client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0)
             with pytest.raises(openai.APIError, match="engine exploded"):
@@ -728,7 +728,7 @@ def test_a_bad_tool_message_is_a_400(server, message, fragment):
 
 def test_two_calls_in_one_step_stream_under_their_own_index():
     """A verified block may end one call and open the next: each piece keeps its call's index."""
-    from draftwise.api.app import Transcript
+    from draftwise.api.transcript import Transcript
     from draftwise.api.translate import Plan
 
     plan = Plan(prompt=[1], config=GenerationConfig(), drafter="off", provenance=False, tools=True)

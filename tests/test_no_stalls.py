@@ -16,7 +16,7 @@ import pydantic
 import pytest
 
 from draftwise.api.errors import APIError
-from draftwise.api.pool import Worker, _generation, _paced
+from draftwise.api.pool import Slot, _generation, _paced
 from draftwise.api.schemas import MAX_MESSAGES, ChatCompletionRequest
 from draftwise.api.translate import check_prediction
 from draftwise.backends.tiny import tiny_tokenizer
@@ -157,15 +157,15 @@ def test_a_server_prices_its_target_s_batched_passes_by_the_shared_profile(tiny_
     profile = CostProfile()
     profile.pass_times.add(1, 0.03)
     profile.pass_times.add(32, 0.5)
-    (pace,) = _paced(Scheduler(), [Worker(Batched(), None, profile)])._paces
+    (pace,) = _paced(Scheduler(), [Slot(Batched(), None, profile)])._paces
     assert pace.batch is Batched.batch and pace.curve(32) == 0.5
     profile.pass_times.add(32, 1.0)  # the profile learns as requests run: so does the curve
     assert pace.curve(32) > 0.5
-    assert _paced(Scheduler(), [Worker(tiny_target, None)])._paces == []  # each pass alone: nothing to pace
+    assert _paced(Scheduler(), [Slot(tiny_target, None)])._paces == []  # each pass alone: nothing to pace
 
 
 def test_a_server_generation_with_its_prediction_encoded_at_admission_gives_the_same_steps(tiny_target):
-    worker = Worker(tiny_target, None)
+    slot = Slot(tiny_target, None)
     assert tiny_target.tokenizer is not None
     prompt = tiny_target.tokenizer.encode("Rename area to disc_area.\n")
     config = GenerationConfig(
@@ -175,8 +175,8 @@ def test_a_server_generation_with_its_prediction_encoded_at_admission_gives_the_
         sampling=SamplingConfig(temperature=0),
     )
     encoded = encode_prediction(tiny_target.tokenizer, PREDICTED)
-    (ahead,) = run_together([_generation(worker, "ngram", prompt, config, encoded)])
-    (rounds,) = run_together([_generation(worker, "ngram", prompt, config)])
+    (ahead,) = run_together([_generation(slot, "ngram", prompt, config, encoded)])
+    (rounds,) = run_together([_generation(slot, "ngram", prompt, config)])
     assert [(e.tokens, e.source, e.proposed, e.n_accepted) for e in ahead] == [
         (e.tokens, e.source, e.proposed, e.n_accepted) for e in rounds
     ]

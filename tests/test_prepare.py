@@ -51,7 +51,7 @@ def _spy_on_prepare(monkeypatch) -> list[dict[str, Any]]:
 @pytest.mark.filterwarnings("ignore:coroutine 'FleetReplica.__del__' was never awaited")
 def test_serve_on_ray_replicas_are_prepared_and_calibrated(monkeypatch):
     """A ``serve --ray`` replica prepares its pair as a plain ``serve`` does, and its app's
-    workers run the cost policy on the measured profile (they once started uncalibrated)."""
+    slots run the cost policy on the measured profile (they once started uncalibrated)."""
     pytest.importorskip("fastapi")
     from draftwise.api import app as api_app
     from draftwise.api.settings import ServerSettings
@@ -60,20 +60,20 @@ def test_serve_on_ray_replicas_are_prepared_and_calibrated(monkeypatch):
     monkeypatch.setattr(fleet, "keep_replica_grpc_on_loopback", lambda: None)  # a Serve replica's set-up
     calls = _spy_on_prepare(monkeypatch)
     profiles: list[CostProfile | None] = []
-    real_workers = api_app.build_workers
+    real_build_slots = api_app.build_slots
 
-    def workers(*args: Any, **kwargs: Any) -> Any:
+    def build_slots(*args: Any, **kwargs: Any) -> Any:
         profiles.append(args[3])
-        return real_workers(*args, **kwargs)
+        return real_build_slots(*args, **kwargs)
 
-    monkeypatch.setattr(api_app, "build_workers", workers)
+    monkeypatch.setattr(api_app, "build_slots", build_slots)
     settings = ServerSettings(target="tiny:0", draft="tiny:1", slots=2, generation=GenerationConfig(draft=COST))
     replica = serve_app.ApiReplica(settings)
     app = replica.build()
     (call,) = calls
     assert call["slots"] == 2
-    # A slot for each worker, none kept idle: the first worker runs on the replica's models.
-    targets = [worker.target for worker in app.state.pool._idle]
+    # Two slots, neither kept idle: the first runs on the replica's models.
+    targets = [slot.target for slot in app.state.pool._idle]
     assert len(targets) == 2 and replica.pair.target in targets
     assert _calibrated(replica.pair.profile, COST.k_max)
     assert profiles == [replica.pair.profile]

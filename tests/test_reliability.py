@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 
 from draftwise.api.app import create_app  # noqa: E402
 from draftwise.api.monitoring import ServerMetrics  # noqa: E402
-from draftwise.api.pool import WorkerPool, build_workers  # noqa: E402
+from draftwise.api.pool import SlotPool, build_slots  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.prepare import Pair  # noqa: E402
 
@@ -61,21 +61,21 @@ def test_a_long_prompt_is_prefilled_in_chunks(tiny_target):
     assert len(tokens) == 8
 
 
-def test_a_request_cancelled_in_its_prefill_frees_its_worker_at_once(tiny_target):
-    async def scenario() -> tuple[list, WorkerPool, CountingLM]:
+def test_a_request_cancelled_in_its_prefill_frees_its_slot_at_once(tiny_target):
+    async def scenario() -> tuple[list, SlotPool, CountingLM]:
         metrics = ServerMetrics()
-        (worker,) = build_workers(tiny_target, None, 1)
-        pool = WorkerPool([worker], queue_size=0, timeout=120, metrics=metrics)
+        (slot,) = build_slots(tiny_target, None, 1)
+        pool = SlotPool([slot], queue_size=0, timeout=120, metrics=metrics)
         job = pool.admit()
         # The client goes away while the first chunk of the prompt is being fed.
-        worker.target = CountingLM(worker.target, hook=lambda calls: job.close("disconnect"))
+        slot.target = CountingLM(slot.target, hook=lambda calls: job.close("disconnect"))
         events = [e async for e in pool.run(job, LONG_PROMPT, GenerationConfig(max_new_tokens=4), "off")]
-        for _ in range(200):  # the worker is handed back by a callback of the finished thread
+        for _ in range(200):  # the slot is handed back by a callback of the finished thread
             if pool.running == 0:
                 break
             await asyncio.sleep(0.05)
         pool.close()
-        return events, pool, worker.target
+        return events, pool, slot.target
 
     events, pool, lm = asyncio.run(scenario())
     assert events == []

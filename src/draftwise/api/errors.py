@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from draftwise.api.schemas import ErrorBody, ErrorResponse
+from draftwise.api.responses import ErrorBody, ErrorResponse
 from draftwise.errors import DraftwiseError, field_path, validation_message
 from draftwise.web import malformed_json
 

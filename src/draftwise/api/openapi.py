@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from draftwise.api import schemas as s
+from draftwise.api.responses import ChatCompletionChunk, CompletionChunk, ErrorResponse
 from draftwise.web import drop_framework_422, error_responses
 
 GUARDED = {401: "missing or wrong API key (only when the server has one)"}
@@ -27,7 +27,7 @@ _GENERATION_ERRORS = {
     504: "the request ran past the server's request_timeout",
 }
 # Models that only appear inside stream events, which FastAPI does not collect on its own.
-_EVENT_MODELS: tuple[type[BaseModel], ...] = (s.CompletionChunk, s.ChatCompletionChunk, s.ErrorResponse)
+_EVENT_MODELS: tuple[type[BaseModel], ...] = (CompletionChunk, ChatCompletionChunk, ErrorResponse)
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -37,7 +37,7 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 def _stream_event(chunk: type[BaseModel]) -> dict[str, Any]:
     """One server-sent event of a stream: a chunk, or an error (a fault or timeout after the
     200 went out), as JSON in ``data``; the last event's ``data`` is ``[DONE]``."""
-    payload = {"anyOf": [_ref(chunk), _ref(s.ErrorResponse)]}
+    payload = {"anyOf": [_ref(chunk), _ref(ErrorResponse)]}
     data = {
         "anyOf": [
             {"const": "[DONE]"},
@@ -54,7 +54,7 @@ def generation_responses(chunk: type[BaseModel]) -> dict[int | str, dict[str, An
         "chunk object as JSON, the last one `[DONE]`",
         "content": {"text/event-stream": {"schema": _stream_event(chunk)}},
     }
-    return {200: stream, **error_responses(s.ErrorResponse, _GENERATION_ERRORS)}
+    return {200: stream, **error_responses(ErrorResponse, _GENERATION_ERRORS)}
 
 
 def complete(app: FastAPI, served_model: str) -> None:

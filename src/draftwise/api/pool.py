@@ -1,11 +1,11 @@
 """Slots that run generations off the event loop, with admission control.
 
-A ``LanguageModel`` holds one KV cache, so it serves one generation at a time. Each worker
-(a slot) therefore gets forks of the loaded models (weights shared, caches separate). A
-request takes the idle slot whose cache holds the longest start of its prompt, and its
-generation (``SpeculativeEngine.steps``) joins the server's one ``Scheduler``, which runs
-every slot's passes together in rounds. Requests beyond the slots wait in a bounded queue;
-beyond that ``admit`` refuses them (the server answers 429).
+A ``LanguageModel`` holds one KV cache, so it serves one generation at a time. Each slot
+(a ``Slot``, with no thread of its own) therefore gets forks of the loaded models (weights
+shared, caches separate). A request takes the idle slot whose cache holds the longest start
+of its prompt, and its generation (``SpeculativeEngine.steps``) joins the server's one
+``Scheduler``, which runs every slot's passes together in rounds. Requests beyond the slots
+wait in a bounded queue; beyond that ``admit`` refuses them (the server answers 429).
 
 The scheduler asks a job's cancel flag at every round, so a client that goes away or a
 request that runs out of time stops the work within one pass.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from draftwise.api.monitoring import ServerMetrics
-from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig
+from draftwise.config import DrafterName, GenerationConfig
 from draftwise.drafters import Drafter, build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine, Steps, grammars_of
 from draftwise.errors import DraftwiseError
@@ -37,7 +37,7 @@ from draftwise.target import LocalTarget
 
 
 class QueueFull(DraftwiseError):
-    """Every worker is busy and the waiting queue is full (the server answers 429)."""
+    """Every slot is busy and the waiting queue is full (the server answers 429)."""
 
     exit_code = 1
     status = 429
@@ -52,24 +52,27 @@ class GenerationTimeout(DraftwiseError):
 
 def make_drafter(name: DrafterName, draft: LanguageModel | None, through: Tokenizer | None) -> Drafter | None:
     """The drafter a request asked for (``through``: see ``text_bridge``); ``None`` is plain
-    decoding."""
+    decoding. A drafter that needs a draft model never comes here without one: ``plan``
+    (``draftwise.api.translate``) refuses it first, with a 400."""
     if name == "off":
         return None
-    if name in NEEDS_DRAFT_MODEL and draft is None:
-        raise ValueError("this server has no draft model; use drafter 'ngram' or 'off'")
     return build_drafter(name, draft, through)
 
 
 @dataclass
-class Worker:
+class Slot:
+    """One generation's place: the models it runs on (forks with a KV cache of their own)
+    and what every slot shares. Its passes run in the scheduler's rounds, on no thread of
+    its own."""
+
     target: LanguageModel
     draft: LanguageModel | None
-    # What drafting costs here, learnt by every request of every worker (see CostProfile):
+    # What drafting costs here, learnt by every request of every slot (see CostProfile):
     # one profile for the server's slots, whose passes run together.
     profile: CostProfile = field(default_factory=CostProfile)
     # The target's tokenizer where the draft speaks another vocabulary (see text_bridge).
     through: Tokenizer | None = None
-    # Compiles requests' grammars for the target's vocabulary (one for every worker).
+    # Compiles requests' grammars for the target's vocabulary (one for every slot).
     grammars: Grammars | None = None
 
     def engine(self, drafter: DrafterName, prediction: EncodedPrediction | None = None) -> SpeculativeEngine:
@@ -88,15 +91,15 @@ class Worker:
         )
 
 
-def build_workers(
+def build_slots(
     target: LanguageModel,
     draft: LanguageModel | None,
     count: int,
     profile: CostProfile | None = None,
-) -> list[Worker]:
-    """``count`` workers over the weights of ``target`` and ``draft``: the first takes the
+) -> list[Slot]:
+    """``count`` slots over the weights of ``target`` and ``draft``: the first takes the
     given models themselves, the others forks of them, so a model loaded with N slots serves
-    N workers (``load_pair``; on llama.cpp a fork past the slots is refused). A caller that
+    N slots (``load_pair``; on llama.cpp a fork past the slots is refused). A caller that
     keeps using its models hands over forks. They share one copy of ``profile``."""
 
     def fork(lm: LanguageModel | None, i: int) -> LanguageModel | None:
@@ -105,21 +108,19 @@ def build_workers(
     through = text_bridge(target.tokenizer, draft)  # forks share their models' tokenizers
     grammars = grammars_of(target)
     shared = copy.deepcopy(profile) if profile is not None else CostProfile()
-    return [
-        Worker(cast(LanguageModel, fork(target, i)), fork(draft, i), shared, through, grammars) for i in range(count)
-    ]
+    return [Slot(cast(LanguageModel, fork(target, i)), fork(draft, i), shared, through, grammars) for i in range(count)]
 
 
 class Job:
-    """One admitted request: queued, then running on a worker, then done."""
+    """One admitted request: queued, then running on a slot, then done."""
 
-    def __init__(self, pool: WorkerPool, arrived: float) -> None:
+    def __init__(self, pool: SlotPool, arrived: float) -> None:
         self.pool = pool
         self.arrived = arrived  # perf_counter() at admission
         self.state = "queued"  # queued -> running -> done
         self.cancel_flag = threading.Event()
         self.cancel_reason: str | None = None
-        self.cached_tokens = 0  # prompt tokens its worker held already (not prefilled again)
+        self.cached_tokens = 0  # prompt tokens its slot held already (not prefilled again)
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -134,22 +135,25 @@ class Job:
 _END = object()
 
 
-class WorkerPool:
-    def __init__(self, workers: Sequence[Worker], queue_size: int, timeout: float, metrics: ServerMetrics) -> None:
-        self.size = len(workers)
+class SlotPool:
+    """The server's slots, the queue of requests waiting for one, and the scheduler that
+    runs the generations of the slots taken."""
+
+    def __init__(self, slots: Sequence[Slot], queue_size: int, timeout: float, metrics: ServerMetrics) -> None:
+        self.size = len(slots)
         self.queue_size = queue_size
         self.timeout = timeout
         self.metrics = metrics
-        # The idle workers, and a count of them to wait on: a request takes the one whose cache
+        # The idle slots, and a count of them to wait on: a request takes the one whose cache
         # holds the longest start of its prompt (``_take``), not the one idle longest.
-        self._idle: list[Worker] = list(workers)
-        self._free = asyncio.Semaphore(len(workers))
-        self._workers = tuple(workers)
+        self._idle: list[Slot] = list(slots)
+        self._free = asyncio.Semaphore(len(slots))
+        self._slots = tuple(slots)
         # What a request needs before its first pass and costs time in proportion to its text
         # (its prediction, encoded and read back) runs here: not on the event loop, not in the
         # rounds every stream waits on.
         self._setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-setup")
-        self.scheduler = _paced(Scheduler(), workers).start()
+        self.scheduler = _paced(Scheduler(), slots).start()
         self._jobs: set[Job] = set()  # admitted and not done
         self.running = 0
 
@@ -165,8 +169,8 @@ class WorkerPool:
         """Take a place for a new request, or raise ``QueueFull``."""
         if len(self._jobs) >= self.size + self.queue_size:
             self.metrics.rejected.inc()
-            # Admitted jobs beyond one per worker wait; ``waiting`` would count too many while a
-            # freed worker is on its way to the next job (``running`` not yet raised).
+            # Admitted jobs beyond one per slot wait; ``waiting`` would count too many while a
+            # freed slot is on its way to the next job (``running`` not yet raised).
             waiting = len(self._jobs) - self.size
             raise QueueFull(f"all {self.size} slots are busy and {waiting} requests are waiting")
         job = Job(self, time.perf_counter())
@@ -175,7 +179,7 @@ class WorkerPool:
         return job
 
     def close_job(self, job: Job, reason: str) -> None:
-        if job.state == "queued":  # never reached a worker: just give its place back
+        if job.state == "queued":  # never reached a slot: just give its place back
             job.state = "done"
             job.cancel(reason)
             self._jobs.discard(job)
@@ -185,20 +189,20 @@ class WorkerPool:
         elif job.state == "running":
             job.cancel(reason)  # the scheduler ends it at its next round and counts it
 
-    def _release(self, job: Job, worker: Worker) -> None:
+    def _release(self, job: Job, slot: Slot) -> None:
         job.state = "done"
         self._jobs.discard(job)
         self.running -= 1
-        self._idle.append(worker)
+        self._idle.append(slot)
         self._free.release()
         self._update_gauges()
 
-    def _take(self, prompt: Sequence[int]) -> Worker:
-        """The idle worker whose target holds the longest start of ``prompt`` (a shared system
+    def _take(self, prompt: Sequence[int]) -> Slot:
+        """The idle slot whose target holds the longest start of ``prompt`` (a shared system
         prompt, a chat's earlier turns); among equals, the one idle longest. Call only after
         acquiring ``_free``.
 
-        Example: idle workers holding ``[5 8 2]`` and ``[5 8 3 1]``, prompt ``[5 8 3 9]``: the
+        Example: idle slots holding ``[5 8 2]`` and ``[5 8 3 1]``, prompt ``[5 8 3 9]``: the
         second (3 tokens kept against 2).
         """
         best = max(range(len(self._idle)), key=lambda i: (cached_start(self._idle[i].target, prompt), -i))
@@ -212,12 +216,12 @@ class WorkerPool:
         drafter: DrafterName,
         cache_prompt: bool = True,
     ) -> AsyncIterator[StepEvent]:
-        """Wait for a worker, generate on it in the scheduler's rounds, and yield its step
-        events. With ``cache_prompt``, the worker keeps what its target still holds of the
+        """Wait for a slot, generate on it in the scheduler's rounds, and yield its step
+        events. With ``cache_prompt``, the slot keeps what its target still holds of the
         prompt's start."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout - (time.perf_counter() - job.arrived)
-        prediction = await self._prediction(config)  # before a worker: encoding holds no slot
+        prediction = await self._prediction(config)  # before taking a slot: encoding holds none
         try:
             await asyncio.wait_for(self._free.acquire(), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
@@ -226,23 +230,21 @@ class WorkerPool:
         if job.state != "queued":  # closed while it waited
             self._free.release()
             return
-        worker = self._take(prompt if cache_prompt else ())
+        slot = self._take(prompt if cache_prompt else ())
         job.state = "running"
         self.running += 1
         self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
         self._update_gauges()
         if not cache_prompt:
-            worker.target.reset()
-        job.cached_tokens = cached_start(worker.target, prompt)
+            slot.target.reset()
+        job.cached_tokens = cached_start(slot.target, prompt)
         self.metrics.cached_prompt_tokens.inc(job.cached_tokens)
         events: asyncio.Queue[Any] = asyncio.Queue()
-        sink = _JobSink(job, self.metrics, loop, events.put_nowait, lambda: self._release(job, worker))
+        sink = _JobSink(job, self.metrics, loop, events.put_nowait, lambda: self._release(job, slot))
         try:
-            self.scheduler.submit(
-                _generation(worker, drafter, prompt, config, prediction), sink, job.cancel_flag.is_set
-            )
+            self.scheduler.submit(_generation(slot, drafter, prompt, config, prediction), sink, job.cancel_flag.is_set)
         except Exception:
-            self._release(job, worker)
+            self._release(job, slot)
             raise
         try:
             while True:
@@ -264,9 +266,9 @@ class WorkerPool:
     async def _prediction(self, config: GenerationConfig) -> EncodedPrediction | None:
         """The request's prediction, encoded on the setup thread; None without one (or
         without a tokenizer, which the engine refuses as it always has)."""
-        if config.prediction is None or not self._workers:
+        if config.prediction is None or not self._slots:
             return None
-        tokenizer = self._workers[0].target.tokenizer
+        tokenizer = self._slots[0].target.tokenizer
         if tokenizer is None:
             return None
         loop = asyncio.get_running_loop()
@@ -281,27 +283,27 @@ class WorkerPool:
 
 
 def _generation(
-    worker: Worker,
+    slot: Slot,
     drafter: DrafterName,
     prompt: Sequence[int],
     config: GenerationConfig,
     prediction: EncodedPrediction | None = None,
 ) -> Steps:
-    """A request's generation on ``worker``; set up in the rounds, where a failure to set it
+    """A request's generation on ``slot``; set up in the rounds, where a failure to set it
     up ends it as any failure of its run does. ``prediction``: the config's, encoded ahead;
     the engine is handed the config without it, so it adds no second one."""
     if prediction is not None:
         config = config.model_copy(update={"prediction": None})
-    yield from worker.engine(drafter, prediction).steps(prompt, config)
+    yield from slot.engine(drafter, prediction).steps(prompt, config)
 
 
-def _paced(scheduler: Scheduler, workers: Sequence[Worker]) -> Scheduler:
+def _paced(scheduler: Scheduler, slots: Sequence[Slot]) -> Scheduler:
     """``scheduler``, pricing the target's batched passes by the shared cost profile's pass
     curve (calibrated, then learnt), so that a long prompt goes in pieces sized in time
     beside the streams that are generating (``Scheduler.pace``). Prompts are the target's:
     a draft model only ever serves generating streams."""
-    first = workers[0] if workers else None
-    if isinstance(first, Worker) and first.target.batch is not None:
+    first = slots[0] if slots else None
+    if isinstance(first, Slot) and first.target.batch is not None:
         profile = first.profile
         scheduler.pace(first.target.batch, lambda rows: profile.pass_times.at(rows, rising=True))
     return scheduler
@@ -309,7 +311,7 @@ def _paced(scheduler: Scheduler, workers: Sequence[Worker]) -> Scheduler:
 
 class _JobSink:
     """A job's stream as the scheduler runs it: each event to the metrics and the event loop;
-    at the end, the count of how it ended and the worker back (on the event loop)."""
+    at the end, the count of how it ended and the slot back (on the event loop)."""
 
     def __init__(
         self,
