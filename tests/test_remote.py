@@ -243,7 +243,7 @@ def test_a_session_past_the_slots_evicts_one_that_is_not_verifying(target_lm):
 
 
 def test_a_session_past_the_slots_while_each_verifies_is_a_503(target_lm):
-    from draftwise.remote.server import VerifierError, VerifierService
+    from draftwise.remote.sessions import VerifierError, VerifierService
 
     service = VerifierService(VerifierSettings(target="tiny:0"), Slotted(target_lm.fork(), [1]))
     try:
@@ -591,7 +591,7 @@ def test_openapi_lists_every_status_the_verifier_sends(http):
 
 
 def test_an_unexpected_fault_is_a_json_500(target_lm, monkeypatch):
-    from draftwise.remote import server
+    from draftwise.remote import sessions
 
     with _server(target_lm) as base, httpx.Client(base_url=base) as http:
         session = _open(http)
@@ -599,7 +599,7 @@ def test_an_unexpected_fault_is_a_json_500(target_lm, monkeypatch):
         def broken(*args, **kwargs):
             raise RuntimeError("a bug")
 
-        monkeypatch.setattr(server.LocalTarget, "verify", broken)
+        monkeypatch.setattr(sessions.LocalTarget, "verify", broken)
         response = _verify(http, session)
         assert response.status_code == 500 and "a bug" in response.json()["detail"]
 

@@ -1,8 +1,9 @@
 """``draftwise generate``: run speculation on a prompt and show what it did.
 
 The text streams as it is produced (``SpeculativeEngine.stream``), each token coloured by
-where it came from; a table of metrics follows. ``--compare`` also runs the plain target on
-the same prompt; ``--json`` prints one machine-readable object instead.
+where it came from; a table of metrics follows (both drawn by ``draftwise.cli.display``).
+``--compare`` also runs the plain target on the same prompt; ``--json`` prints one
+machine-readable object instead.
 
 Generation flags (sampling, drafting, stops, length), the verifier client's and the model
 flags derive from their config classes (``draftwise.cli.options.with_flags``); the prompt, the
@@ -12,7 +13,6 @@ models and the output switches are the command's own.
 from __future__ import annotations
 
 import inspect
-import json
 import signal
 import sys
 import threading
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from draftwise.cli.display import LEGEND, TokenColours, report
 from draftwise.cli.options import GENERATION_FLAGS, Flags, aliases_of, with_flags, with_model_options
 from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, GrammarSpec, ModelOptions
 from draftwise.errors import ConfigError, ModelLoadError, TargetError
@@ -35,16 +36,12 @@ if TYPE_CHECKING:
     from draftwise.config import GenerationConfig
     from draftwise.engine import GenerationResult, SpeculativeEngine
     from draftwise.lm import LanguageModel, Tokenizer
-    from draftwise.metrics import GenerationMetrics
     from draftwise.policies import CostProfile
     from draftwise.remote.client import RemoteTarget
 
 # --reconnect-s (ClientSettings): how a run rides out a verifier that goes away.
 FLAGS = (*GENERATION_FLAGS, Flags(ClientSettings))
 ALIASES = aliases_of(*FLAGS)
-
-STYLES = {"accepted": "green", "corrected": "red", "bonus": "cyan"}
-LEGEND = "[green]accepted draft token[/] · [red]target correction[/] · [cyan]bonus token[/]"
 
 
 def _read_file(file: Path, what: str) -> str:
@@ -88,72 +85,6 @@ def _read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is None:
         raise ConfigError("no prompt: give it as an argument, with --file PATH, or '-' to read stdin")
     return prompt
-
-
-class TokenColours:
-    """Maps the text a step releases onto the tokens it came from, for colouring.
-
-    The engine releases text per step (held back around stop strings and split characters),
-    so each token's own piece is decoded here, in a short window of preceding tokens for
-    tokenizers that render a leading space by context. Released characters take the colour
-    of the token they came from; only colours depend on this, never the text itself.
-    """
-
-    WINDOW = 4  # tokens of context each piece is decoded in
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.tokens: list[int] = []
-        self.styles: list[str] = []  # one style per decoded character not yet printed
-        self._held: list[int] = []  # tokens ending in an incomplete character
-
-    def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
-
-    def push(self, tokens: list[int], sources: list[Any]) -> None:
-        for token, source in zip(tokens, sources):
-            context = self.tokens[-self.WINDOW :]
-            piece = self._decode(context + self._held + [token])[len(self._decode(context)) :]
-            if piece.endswith("\ufffd"):
-                self._held.append(token)
-                continue
-            self.tokens += self._held + [token]
-            self._held = []
-            self.styles += [STYLES[source.value]] * len(piece)
-
-    def render(self, text: str):
-        """``text`` (the next released characters) as a rich Text, coloured per token."""
-        from rich.text import Text
-
-        out = Text()
-        styles, self.styles = self.styles[: len(text)], self.styles[len(text) :]
-        styles += [""] * (len(text) - len(styles))
-        for char, style in zip(text, styles):
-            out.append(char, style=style or None)
-        return out
-
-
-def _stats_table(metrics: GenerationMetrics, title: str):
-    from rich.table import Table
-
-    table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-    total = metrics.total_seconds or 1.0
-    rows = [
-        ("tokens", f"{metrics.new_tokens}"),
-        ("tokens/s", f"{metrics.tokens_per_second:.2f}"),
-        ("target passes", f"{metrics.target_passes}"),
-        ("acceptance rate", f"{metrics.acceptance_rate:.1%} ({metrics.accepted}/{metrics.proposed})"),
-        ("mean accepted length", f"{metrics.mean_accepted_length:.2f} tokens/pass"),
-        ("total time", f"{metrics.total_seconds:.2f} s"),
-    ]
-    for name in ("prefill", "draft", "verify", "other"):
-        seconds = getattr(metrics, f"{name}_seconds")
-        rows.append((f"  {name}", f"{seconds:.2f} s ({seconds / total:.0%})"))
-    for row in rows:
-        table.add_row(*row)
-    return table
 
 
 def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, DrafterKind]:
@@ -338,46 +269,6 @@ def _speculate(
     return GenerationResult.from_events(ids, events)
 
 
-def _report(
-    result: GenerationResult,
-    baseline: GenerationResult | None,
-    config: GenerationConfig,
-    label: str,
-    run: dict[str, Any],
-    as_json: bool,
-    out: Console,
-) -> None:
-    if as_json:
-        payload = {
-            **run,
-            "config": config.model_dump(mode="json"),
-            "prompt_tokens": len(result.prompt_ids),
-            "text": result.text,
-            "tokens": result.tokens,
-            "metrics": result.metrics.to_dict(),
-        }
-        if baseline is not None:
-            payload["compare"] = {
-                "text": baseline.text,
-                "tokens": baseline.tokens,
-                "metrics": baseline.metrics.to_dict(),
-                "speedup": _speedup(result, baseline),
-                "identical": baseline.tokens == result.tokens,
-            }
-        typer.echo(json.dumps(payload))
-        return
-    out.print()
-    out.print(_stats_table(result.metrics, f"speculative: {label}"))
-    if baseline is not None:
-        out.print(_stats_table(baseline.metrics, f"plain target: {run['target']}"))
-        same = "identical" if baseline.tokens == result.tokens else "different"
-        note = "" if config.sampling.greedy or same == "identical" else " (expected when sampling)"
-        out.print(
-            f"[bold]speedup {_speedup(result, baseline):.2f}x[/] (tokens/s, speculative vs plain); "
-            f"outputs token-for-token {same}{note}"
-        )
-
-
 def _run(
     prompt: str | None,
     file: Path | None,
@@ -459,7 +350,7 @@ def _generate(
         "backend": here.backend if here is not None else None,
         "dtype": here.dtype if here is not None else None,
     }
-    _report(result, baseline, config, label, run, as_json, out)
+    report(result, baseline, config, label, run, as_json, out)
     if result.metrics.finish_reason == "error":  # the verifier refused or went away mid-run
         raise TargetError(
             f"generation stopped early, after {result.metrics.new_tokens} tokens (shown above): "
@@ -467,15 +358,9 @@ def _generate(
         )
 
 
-def _speedup(result: GenerationResult, baseline: GenerationResult) -> float:
-    base = baseline.metrics.tokens_per_second
-    return result.metrics.tokens_per_second / base if base else 0.0
-
-
-def register(app: typer.Typer) -> None:
-    fixed = [
-        ("prompt", Optional[str], typer.Argument(None, help="the prompt text; '-' reads stdin")),
-        ("file", Optional[Path], typer.Option(None, "--file", "-f", help="read the prompt from this file")),
+def _model_options() -> list[tuple[str, Any, Any]]:
+    """The models of a run, as ``_own_options`` lists them: target, draft and drafter."""
+    return [
         (
             "target",
             Optional[str],
@@ -500,6 +385,16 @@ def register(app: typer.Typer) -> None:
                 "given, else ngram",
             ),
         ),
+    ]
+
+
+def _own_options() -> list[tuple[str, Any, Any]]:
+    """The command's own parameters, as (name, type, typer default): the prompt, the models and
+    the output switches (the other flags derive from config classes, see ``FLAGS``)."""
+    return [
+        ("prompt", Optional[str], typer.Argument(None, help="the prompt text; '-' reads stdin")),
+        ("file", Optional[Path], typer.Option(None, "--file", "-f", help="read the prompt from this file")),
+        *_model_options(),
         (
             "prediction",
             Optional[Path],
@@ -533,6 +428,10 @@ def register(app: typer.Typer) -> None:
             ),
         ),
     ]
+
+
+def register(app: typer.Typer) -> None:
+    fixed = _own_options()
     names = [name for name, _, _ in fixed]
 
     def generate(**kwargs: Any) -> None:

@@ -3,7 +3,7 @@ Ray actors.
 
 Nothing here imports Ray at module level: draftwise without Ray installed keeps working, and
 ``--ray`` says how to install it (``draftwise.cluster.runtime.require_ray``). Each module reuses
-the one-machine code (``api.app.create_app``, ``remote.server.VerifierService``,
+the one-machine code (``api.app.create_app``, ``remote.sessions.VerifierService``,
 ``bench.runner.UnitRunner``) rather than a copy of it:
 
 * ``serve_app``: ``draftwise serve --ray``, one app per replica, ``/metrics`` for the whole fleet;

@@ -21,7 +21,7 @@ from draftwise.cluster.fleet import FleetReplica, Report, deployment_options, re
 from draftwise.cluster.serve_app import OVERFLOW
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import Affinity, Health, OpenSession, ServerInfo, SessionOpened
-from draftwise.remote.server import VerifierService
+from draftwise.remote.sessions import VerifierService
 from draftwise.remote.settings import VerifierSettings
 from draftwise.serving import ServeScale
 

@@ -6,6 +6,7 @@ distribution's non-zero entries), and the server applies the same ``LocalTarget`
 local engine uses.
 
 * ``draftwise.remote.protocol``: the wire format (shared by both ends).
-* ``draftwise.remote.server``: ``create_app(settings)``, the FastAPI app.
+* ``draftwise.remote.sessions``: ``VerifierService``, the sessions over the loaded target.
+* ``draftwise.remote.server``: ``create_app(settings)``, the FastAPI app over them.
 * ``draftwise.remote.client``: ``RemoteTarget`` and ``connect(url)``, a ``Target`` for the engine.
 """
