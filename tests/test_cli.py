@@ -166,17 +166,16 @@ def test_generate_json_with_compare(home):
     assert data["config"]["draft"]["k"] == 3 and data["drafter"] == "model"
 
 
-@pytest.mark.parametrize("quant", ["int8", "int4"])
-def test_quantized_draft_keeps_the_output_of_the_plain_target(home, quant):
+def compared_with_the_plain_target(home: Path, prompt: str, *flags: str) -> dict:
+    """``generate --json --compare`` of tiny:0 drafted by tiny:1 at a fixed k of 3, plus
+    ``flags``: it must draft, and its output must be the plain target's."""
     done = run(
         "generate",
-        "abcabcabc",
+        prompt,
         "--target",
         "tiny:0",
         "--draft",
         "tiny:1",
-        "--draft-quant",
-        quant,
         "--json",
         "--compare",
         "--max-new-tokens",
@@ -186,41 +185,24 @@ def test_quantized_draft_keeps_the_output_of_the_plain_target(home, quant):
         "fixed",
         "--k",
         "3",
-        "--confidence-threshold",
-        "0",
+        *flags,
         home=home,
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["metrics"]["proposed"] > 0
     assert data["compare"]["identical"] is True
+    return data
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_draft_keeps_the_output_of_the_plain_target(home, quant):
+    compared_with_the_plain_target(home, "abcabcabc", "--draft-quant", quant, "--confidence-threshold", "0")
 
 
 def test_hybrid_drafter_through_the_cli_keeps_the_output_of_the_plain_target(home):
-    done = run(
-        "generate",
-        "abc abc abc abc",
-        "--target",
-        "tiny:0",
-        "--draft",
-        "tiny:1",
-        "--drafter",
-        "hybrid",
-        "--json",
-        "--compare",
-        "--max-new-tokens",
-        "16",
-        "--ignore-eos",
-        "--k-policy",
-        "fixed",
-        "--k",
-        "3",
-        home=home,
-    )
-    assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
-    assert data["drafter"] == "hybrid" and data["metrics"]["proposed"] > 0
-    assert data["compare"]["identical"] is True
+    data = compared_with_the_plain_target(home, "abc abc abc abc", "--drafter", "hybrid")
+    assert data["drafter"] == "hybrid"
     bad = run("generate", "hi", "--target", "tiny:0", "--drafter", "hybrid", home=home)
     assert bad.returncode == 2 and "--drafter hybrid needs --draft" in bad.stderr
 

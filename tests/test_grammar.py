@@ -19,12 +19,12 @@ from draftwise import GenerationConfig, SpeculativeEngine, autoregressive, engin
 from draftwise.api.tools import CallStream, held_back, parse_tool_calls, tool_call_grammar
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
+from draftwise.constrained import Constrained
 from draftwise.drafters import ModelDrafter, NGramDrafter, build_drafter
 from draftwise.engine import grammars_of
 from draftwise.grammar import (
     GRAMMAR,
     REASON_CHARS,
-    Constrained,
     GrammarDeadEnd,
     GrammarError,
     Grammars,

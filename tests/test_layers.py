@@ -5,6 +5,11 @@ module of a lower layer, and any module of its own unit (a unit is a package, or
 top-level modules); it may not import a unit above it, nor another unit of its own layer
 (the services of one layer stay independent of one another).
 
+Every top-level module and package is named in ``LAYERS``: the core of speculative decoding
+(the top-level modules below the backends) is ordered too, from the errors and the model seam
+up to the decode loop, so that a module low in it (``verify``) cannot come to import one above
+it (``engine``). A new module fails ``test_every_module_has_a_layer`` until it is given a place.
+
 Every ``draftwise`` import counts, wherever it stands: at module level, inside a function (the
 CLI and the servers import lazily, to start fast) or under ``if TYPE_CHECKING:``. A lazy or
 type-only import is still a dependency of the code that holds it, and a loop through one is
@@ -20,15 +25,36 @@ import ast
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import pytest
+
 import draftwise
 
 PACKAGE = Path(draftwise.__file__).parent
-CORE = "core"  # every top-level module not named in a unit below
 
 # Lowest first. Each layer is a tuple of units; each unit a package or a set of modules.
 LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
-    # config, lm, engine, verify, policies, drafters, chat, costs, errors, serving, ...
-    ((CORE,),),
+    # the foundation, importing no other draftwise module: errors, settings, the CPU, the model seam
+    (("draftwise.errors", "draftwise.config", "draftwise.cpu", "draftwise.lm", "draftwise.serving"),),
+    # text over the model seam (chat prompts, other vocabularies, stops); the packaged models;
+    # the HTTP guards both servers share
+    (
+        ("draftwise.chat", "draftwise.retokenize", "draftwise.tokenizer_compat", "draftwise.stopping"),
+        ("draftwise.registry", "draftwise.pull"),
+        ("draftwise.web",),
+    ),
+    # verification: the acceptance rule, the step event it yields, the metrics built from events
+    (("draftwise.verify", "draftwise.events", "draftwise.metrics"),),
+    # below the drafters, each apart: the draft policies (which source drafts, how many tokens),
+    # and a request's grammar compiled to masks and forced tokens (llguidance)
+    (("draftwise.policies",), ("draftwise.grammar",)),
+    # the drafters: the protocol every proposer speaks; model drafters (by ids or text), n-grams
+    (("draftwise.drafters",),),
+    # what stands on the drafters, each apart: predicted outputs, drafting under a grammar, the
+    # target side, and the measured cost of drafting (for the cost policy)
+    (("draftwise.prediction",), ("draftwise.constrained",), ("draftwise.target",), ("draftwise.costs",)),
+    # the decode loop of one generation, and the scheduler that runs many streams' passes in
+    # rounds (it runs the engine's steps without importing the engine)
+    (("draftwise.engine",), ("draftwise.scheduler",)),
     # the model backends: transformers and llama.cpp behind the LanguageModel seam
     (("draftwise.backends",),),
     # picking a backend for a source, preparing a pair, and the package's public names
@@ -93,14 +119,11 @@ def unit_of(module: str) -> tuple[int, str]:
             for prefix in unit:
                 # "draftwise" names the package's own __init__, not everything under it.
                 inside = prefix != "draftwise" and module.startswith(prefix + ".")
-                if prefix != CORE and (module == prefix or inside):
-                    if best is None or len(prefix) > best[2]:
-                        best = (rank, unit[0], len(prefix))
-    if best is not None:
-        return best[0], best[1]
-    if module.count(".") == 1:  # draftwise.<module>: a top-level module
-        return 0, CORE
-    raise AssertionError(f"{module} is in no layer: add its package to LAYERS")
+                if (module == prefix or inside) and (best is None or len(prefix) > best[2]):
+                    best = (rank, unit[0], len(prefix))
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: add it (or its package) to a unit of LAYERS")
+    return best[0], best[1]
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -161,6 +184,16 @@ def test_the_graph_sees_every_kind_of_import():
 def test_every_module_has_a_layer():
     for module in all_modules():
         unit_of(module)
+    with pytest.raises(AssertionError, match="add it"):  # a new top-level module, not yet placed
+        unit_of("draftwise.newcomer")
+
+
+def test_every_name_in_the_layers_is_a_module():
+    """A module renamed or removed leaves no stale name behind in ``LAYERS``. (A package need
+    not have an ``__init__``: ``draftwise.backends`` has none.)"""
+    modules = all_modules()
+    names = [name for layer in LAYERS for unit in layer for name in unit]
+    assert [n for n in names if n not in modules and not any(m.startswith(n + ".") for m in modules)] == []
 
 
 def test_no_import_points_up_or_across():
@@ -172,12 +205,16 @@ def test_no_import_loops():
 
 
 def test_the_checks_catch_a_planted_loop_and_upward_import():
-    """The checks themselves, on a copy of the graph with three wrong imports added."""
+    """The checks themselves, on a copy of the graph with five wrong imports added."""
     graph = import_graph(all_modules())
     graph["draftwise.config"].add("draftwise.engine")  # engine imports config: a loop
     graph["draftwise.api.settings"].add("draftwise.cluster.fleet")  # a service below cluster
     graph["draftwise.bench.config"].add("draftwise.api.settings")  # a service of its own layer
+    graph["draftwise.verify"].add("draftwise.engine")  # inside the core: verification below the loop
+    graph["draftwise.web"].add("draftwise.chat")  # inside the core: a unit of its own layer
     assert any({"draftwise.config", "draftwise.engine"} <= set(group) for group in cycles(graph))
     wrong = upward_imports(graph)
     assert any(line.startswith("draftwise.api.settings ") and "cluster.fleet" in line for line in wrong)
     assert any(line.startswith("draftwise.bench.config ") and "api.settings" in line for line in wrong)
+    assert any(line.startswith("draftwise.verify ") and "draftwise.engine " in line for line in wrong)
+    assert any(line.startswith("draftwise.web ") and "draftwise.chat " in line for line in wrong)

@@ -359,3 +359,24 @@ def test_engine_streams_in_rounds_give_what_each_gives_alone(tiny_target, tiny_s
 def test_drive_runs_a_computation_of_passes_alone():
     lm = FakeLM("x", None)
     assert drive(_result_of(lm, 2)) == 0.0 and lm.alone == [2]
+
+
+def test_the_round_thread_time_is_split_between_passes_and_the_work_between_them():
+    """A stream whose setup (the code before its first pass) takes a while is seen in the
+    round that admitted it, apart from the rounds that only advanced streams."""
+    import time
+
+    def slow_start(lm, seconds: float):
+        time.sleep(seconds)  # what a request's setup on the round thread would cost
+        yield from stepping(lm, [1, 1])
+
+    batch = RecordingBatch(rows=8)
+    scheduler = Scheduler()
+    scheduler.submit(stepping(FakeLM("a", batch), [1, 1, 1, 1]), Collected())
+    scheduler.round()  # a joins
+    scheduler.submit(slow_start(FakeLM("b", batch), 0.05), Collected())
+    for _ in range(4):
+        scheduler.round()
+    stats = scheduler.stats
+    assert stats.slowest_admission >= 0.05 and stats.advancing >= stats.slowest_admission
+    assert stats.rounds == 5 and stats.passing >= 0

@@ -1,5 +1,6 @@
 """The CPU a measurement ran on: its name and the instruction-set extensions that decide which
-kernels torch and llama.cpp pick, read from /proc/cpuinfo in this one place.
+kernels torch and llama.cpp pick, read from /proc/cpuinfo in this one place; and how many of
+its cores this process may run on (``default_threads``).
 
 Calibration caches key on them (``costs``, ``backends.hf_loading``), and the bench and load
 reports print them, so all of them must read the same flags the same way. (The wheel cache of
@@ -8,6 +9,7 @@ reports print them, so all of them must read the same flags the same way. (The w
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -43,3 +45,12 @@ def kernel_flags(cpuinfo: str | None = None) -> list[str]:
     text = cpuinfo_text() if cpuinfo is None else cpuinfo
     flags = (_field(text, "flags") or "").split()
     return sorted(f for f in flags if f.startswith(KERNEL_FLAG_PREFIXES))
+
+
+def default_threads() -> int:
+    """One thread per core this process may run on: its CPU affinity, which a container, a
+    cgroup or ``taskset`` can make smaller than the machine's ``os.cpu_count()``."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1

@@ -37,7 +37,7 @@ class Proposal:
     ``catchup_seconds`` is time spent feeding context the drafter had not seen (a draft
     model's lazy prefill), counted apart from drafting itself; ``pass_seconds`` is what the
     draft model's own passes took (None without a model: the drafting's wall time stands).
-    The first ``forced`` tokens are a grammar's forced text (``draftwise.grammar.Constrained``),
+    The first ``forced`` tokens are a grammar's forced text (``draftwise.constrained.Constrained``),
     the rest ``source``'s.
     """
 

@@ -1,8 +1,11 @@
-"""The decode loop: one streaming core that yields a ``StepEvent`` per target pass.
+"""The decode loop: one generation as a generator that yields the model passes it needs
+(``Forward``s, each sent back its scores) and a ``StepEvent`` per speculation step.
 
-``generate`` is a thin wrapper that drains the stream. With no drafter the same loop is
-plain autoregressive decoding (every step proposes nothing and the target adds one token),
-which is the baseline draftwise compares against.
+``SpeculativeEngine.steps`` is that generator, and whoever runs it batches its passes:
+``stream`` runs one generation alone and yields only its events, a server's scheduler runs
+many at once (``draftwise.scheduler``). ``generate`` is a thin wrapper that drains ``stream``.
+With no drafter the same loop is plain autoregressive decoding (every step proposes nothing
+and the target adds one token), which is the baseline draftwise compares against.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from dataclasses import dataclass, field
 import torch
 
 from draftwise.config import GenerationConfig
+from draftwise.constrained import Constrained
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, model_drafter, text_bridge
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
-from draftwise.grammar import Constrained, Constraint, Grammars, Triggered
+from draftwise.grammar import Constraint, Grammars, Triggered
 from draftwise.lm import Forward, LanguageModel, Tokenizer, run_alone
 from draftwise.metrics import GenerationMetrics
 from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy

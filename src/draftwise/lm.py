@@ -304,8 +304,3 @@ def longest_token(tokenizer: Tokenizer) -> int:
     space) and so doubles the bound: a text twice the size it need be was tokenized, whole,
     before its refusal."""
     return max(1, max((len(piece) for piece in tokenizer.token_bytes()), default=1))
-
-
-def describe(lm: Any) -> str:
-    """``name (backend, dtype)`` for messages."""
-    return f"{lm.name} ({lm.backend}, {lm.dtype})"

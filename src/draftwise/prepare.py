@@ -2,10 +2,12 @@
 
 ``draftwise generate``, ``serve`` (one process or a Ray replica), ``serve-verifier`` (both
 kinds), the dashboard's server (a ``draftwise serve``) and ``bench`` (local or a Ray worker)
-all call ``prepare_pair``: load the pair (``load_pair``, which checks that the draft speaks the
-target's tokenizer), warm both models up, and, for the cost policy, measure what drafting costs
-with them (``draftwise.costs.calibrate``, cached per model and CPU). Written once, no entry
-point can skip a step: ``serve --ray`` replicas once ran the cost policy uncalibrated.
+all call ``prepare_pair``: load the pair (``load_pair``, which checks how the draft reaches the
+target: with the target's own token ids, or through text when it speaks another vocabulary, see
+``draftwise.tokenizer_compat``; a draft that cannot write the target's text is refused), warm
+both models up, and, for the cost policy, measure what drafting costs with them
+(``draftwise.costs.calibrate``, cached per model and CPU). Written once, no entry point can
+skip a step: ``serve --ray`` replicas once ran the cost policy uncalibrated.
 
 ``recommended`` is the registry's advice on which draft model and drafter go with a target,
 for the commands that let it choose.

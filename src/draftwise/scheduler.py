@@ -139,10 +139,23 @@ class _Pace:
 
 @dataclass
 class RoundStats:
-    """What the rounds have done so far."""
+    """What the rounds have done so far, and where the round thread's time went: in passes,
+    or between them (step 2: the streams' own work, and the setup of those just admitted,
+    which every other stream waits for)."""
 
     rounds: int = 0
     passes: int = 0  # batched passes (and passes run alone), over every model
+    advancing: float = 0.0  # seconds in step 2, over every round
+    passing: float = 0.0  # seconds in step 3's passes, over every round
+    slowest_advance: float = 0.0  # the longest step 2 of a round that admitted no stream
+    slowest_admission: float = 0.0  # the longest step 2 of a round that admitted one or more
+
+    def advanced(self, seconds: float, admitted: bool) -> None:
+        self.advancing += seconds
+        if admitted:
+            self.slowest_admission = max(self.slowest_admission, seconds)
+        else:
+            self.slowest_advance = max(self.slowest_advance, seconds)
 
 
 @dataclass(eq=False)
@@ -182,11 +195,6 @@ class Scheduler:
         self.submit(passes, _FutureSink(future))
         return future.result()
 
-    @property
-    def active(self) -> int:
-        """Streams admitted and not ended."""
-        return len(self._tasks)
-
     def start(self) -> Scheduler:
         self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
@@ -216,16 +224,20 @@ class Scheduler:
                 self._cond.wait()
             return not self._closed
 
-    def _admit(self) -> None:
-        """Step 1: take the streams submitted since the last round."""
+    def _admit(self) -> int:
+        """Step 1: take the streams submitted since the last round; how many."""
         with self._cond:
             self._tasks.extend(self._inbox)
+            admitted = len(self._inbox)
             self._inbox.clear()
+        return admitted
 
     def round(self) -> None:
         """One round: admit, advance every stream to its next pass, run the passes."""
-        self._admit()
+        admitted = self._admit()
+        started = time.perf_counter()
         self._tasks = [task for task in self._tasks if _advance(task)]  # step 2
+        self.stats.advanced(time.perf_counter() - started, admitted > 0)
         groups: dict[int, tuple[Batch | None, list[Forward]]] = {}
         for task in self._tasks:
             assert task.waiting is not None
@@ -251,9 +263,11 @@ class Scheduler:
                 continue  # only pieces here, and no time left for them before the others' next events
             started = time.perf_counter()
             fed = _step(batch, forwards, rows)
+            seconds = time.perf_counter() - started
             if pace is not None and rows is not None:
-                pace.measured(fed, time.perf_counter() - started)
+                pace.measured(fed, seconds)
             self.stats.passes += 1
+            self.stats.passing += seconds
             budget -= added
             for task in waiting:
                 task.paused += added

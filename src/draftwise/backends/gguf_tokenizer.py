@@ -188,9 +188,6 @@ class GGUFTokenizer:
             pieces.append(buffer.raw[:n])
         return pieces
 
-    def is_control(self, token: int) -> bool:
-        return bool(self._api.llama_vocab_get_attr(self._vocab, token) & _CONTROL)
-
 
 def _strip_around_markup(pieces: list[str | int], attrs: dict[int, int]) -> None:
     """Strip the white space that markup tokens with llama.cpp's lstrip / rstrip attribute eat

@@ -4,10 +4,11 @@ low-level API, behind the ``LanguageModel`` seam.
 The weights are the file itself (memory-mapped, quantized as it is: no dequantization, no
 float32 copy), loaded once per process and shared: each sequence (``fork``) is a slot of one
 llama.cpp context loaded for a fixed number of them, with its own cells of the KV cache, over
-the same ``llama_model``. A forward pass is
-one ``llama_decode`` over a batch that asks for scores only at the positions the caller
-needs; the scores come back as a view of llama.cpp's own buffer (no copy); rollback is
-``llama_memory_seq_rm``.
+the same ``llama_model``. A forward pass goes through the context's ``Batcher``
+(``draftwise.backends.llamacpp_batch``): ``llama_decode`` over a batch, shared with the other
+sequences' pending passes, that asks for scores only at the positions the caller needs; those
+rows are copied out of llama.cpp's buffer, which the next pass overwrites. Rollback is
+bookkeeping: the sequence's cells are cut (``llama_memory_seq_rm``) before its next pass.
 
 llama.cpp picks some kernels by the size of a pass, so a block of tokens can round
 differently from one-token steps. draftwise's patches on ggml (patches/llama.cpp) make
@@ -34,6 +35,7 @@ import torch
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.backends.llamacpp_batch import ROWS, Batcher, Decoder, Request
 from draftwise.config import ModelOptions
+from draftwise.cpu import default_threads
 from draftwise.errors import ContextLengthError, ModelLoadError, SlotsFullError
 from draftwise.lm import Forward, PassInfo
 from draftwise.registry import derived_path
@@ -290,14 +292,6 @@ def _file_type_name(api: Any, file_type: int) -> str:
     return (
         name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_") if name else f"type {file_type}"
     )
-
-
-def default_threads() -> int:
-    """One thread per core this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 # llama.cpp file types a draft is requantized to (draft_quant): Q4_0 and Q8_0 run on

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import platform
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ from draftwise.bench.audit import NEAR_TIE
 from draftwise.bench.config import REFERENCE, BenchConfig
 from draftwise.bench.dataset import Prompt, subtask_order
 from draftwise.bench.store import Record
-from draftwise.cpu import cpu_name, kernel_flags
+from draftwise.cpu import cpu_name, default_threads, kernel_flags
 
 REPORT = "report.md"
 SUMMARY = "summary.json"
@@ -33,8 +32,9 @@ def _version(package: str) -> str | None:
 
 def node_info() -> dict[str, Any]:
     """The machine a record was measured on (every record carries it: a bench spread over a
-    cluster says which node ran what, and the report says when nodes differ)."""
-    return {"host": platform.node(), "cpu": cpu_name(), "cores": os.cpu_count(), "cpu_flags": _cpu_flags()}
+    cluster says which node ran what, and the report says when nodes differ). "cores" are the
+    ones this process may run on, not the machine's: those are the ones a measurement had."""
+    return {"host": platform.node(), "cpu": cpu_name(), "cores": default_threads(), "cpu_flags": _cpu_flags()}
 
 
 def machine_info() -> dict[str, Any]:
@@ -44,7 +44,7 @@ def machine_info() -> dict[str, Any]:
 
     return {
         "cpu": cpu_name(),
-        "cores": os.cpu_count(),
+        "cores": default_threads(),  # usable by this process, as in node_info
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "python": platform.python_version(),
