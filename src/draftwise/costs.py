@@ -33,11 +33,11 @@ def _cpu() -> str:
     return f"{cpu_name(text)} [{' '.join(kernel_flags(text))}]"
 
 
-def _context(lm: LanguageModel) -> list[int]:
-    """Token ids to time passes after: plain text, so the model sees ordinary input."""
+def plain_context(lm: LanguageModel, length: int = CONTEXT) -> list[int]:
+    """``length`` token ids to time passes after: plain text, so the model sees ordinary input."""
     text = "The quick brown fox jumps over the lazy dog. " * 64
     ids = lm.tokenizer.encode(text) if lm.tokenizer is not None else list(range(1, CONTEXT + 1))
-    return (ids * (CONTEXT // max(1, len(ids)) + 1))[:CONTEXT]
+    return (ids * (length // max(1, len(ids)) + 1))[:length]
 
 
 def _fastest(run: Callable[[], None], repeats: int = REPEATS) -> float:
@@ -55,7 +55,7 @@ def time_passes(
     """Seconds of a pass scoring all of its ``n`` new tokens, for each ``n``, after ``context``
     (``CONTEXT`` tokens of plain text by default): the fastest of ``repeats``. The new tokens
     are the context's own, repeated as far as the largest size needs."""
-    context = list(context) if context is not None else _context(lm)
+    context = list(context) if context is not None else plain_context(lm)
     block = (context * (max(sizes) // len(context) + 1))[: max(sizes)]
     lm.reset()
     lm.forward(context, last=1)
@@ -103,7 +103,7 @@ def time_curve(lm: LanguageModel, sizes: Sequence[int]) -> dict[int, float]:
 
 def time_draft(lm: LanguageModel) -> tuple[float, float]:
     """(seconds per drafted token, seconds per token of a catch-up prefill) of a draft model."""
-    context = _context(lm)
+    context = plain_context(lm)
     lm.reset()
     started = time.perf_counter()
     lm.forward(context, last=1)

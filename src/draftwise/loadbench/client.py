@@ -17,6 +17,17 @@ from typing import Any
 
 from draftwise.loadbench.prompts import LoadPrompt
 
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where requests go: a server's base URL and the model id they name; ``transport``, when
+    set, carries them instead of the network (``draftwise.loadbench.inprocess``)."""
+
+    base: str
+    model: str
+    transport: Any = None
+
+
 MAX_BUSY_RETRIES = 100  # a 429 (the server's queue is full) is retried this often at most
 BUSY_WAIT_CAP_S = 5.0  # the longest Retry-After honoured
 
@@ -110,18 +121,18 @@ async def _stream(http: Any, url: str, body: dict[str, Any], answer: Answer, sta
 
 
 async def send(
-    http: Any, base: str, prompt: LoadPrompt, model: str, max_tokens: int, t0: float, predict: bool = False
+    http: Any, endpoint: Endpoint, prompt: LoadPrompt, max_tokens: int, t0: float, predict: bool = False
 ) -> Answer:
     """Send ``prompt`` (again after a 429, as told) and read its stream to the end; with
     ``predict``, an edit task's prediction goes with it."""
     import httpx
 
     answer = Answer(prompt, start_s=time.perf_counter() - t0)
-    body = prompt.body(model, max_tokens, predict)
+    body = prompt.body(endpoint.model, max_tokens, predict)
     for _ in range(MAX_BUSY_RETRIES):
         started = time.perf_counter()
         try:
-            wait = await _stream(http, base + prompt.path, body, answer, started)
+            wait = await _stream(http, endpoint.base + prompt.path, body, answer, started)
         except httpx.HTTPError as exc:
             answer.error = f"{type(exc).__name__}: {exc}"
             wait = 0.0
@@ -134,8 +145,7 @@ async def send(
 
 
 async def _level(
-    base: str,
-    model: str,
+    endpoint: Endpoint,
     prompts: Sequence[LoadPrompt],
     clients: int,
     max_tokens: int,
@@ -148,12 +158,13 @@ async def _level(
     limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
     queue = iter(prompts)  # shared: each prompt goes to whichever client is free first
     answers: list[Answer] = []
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits, trust_env=False) as http:
+    transport = endpoint.transport
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, transport=transport) as http:
         t0 = time.perf_counter()
 
         async def client() -> None:
             for prompt in queue:
-                answer = await send(http, base, prompt, model, max_tokens, t0, predict)
+                answer = await send(http, endpoint, prompt, max_tokens, t0, predict)
                 answers.append(answer)
                 on_answer(answer)
 
@@ -163,8 +174,7 @@ async def _level(
 
 
 def run_level(
-    base: str,
-    model: str,
+    endpoint: Endpoint,
     prompts: Sequence[LoadPrompt],
     clients: int,
     max_tokens: int,
@@ -175,4 +185,4 @@ def run_level(
     """Every prompt once, ``clients`` at a time; the answers (in the order they finished) and
     the wall time from the first request sent to the last stream ended. With ``predict``, the
     edit tasks' requests carry their predictions."""
-    return asyncio.run(_level(base, model, prompts, clients, max_tokens, timeout, on_answer, predict))
+    return asyncio.run(_level(endpoint, prompts, clients, max_tokens, timeout, on_answer, predict))

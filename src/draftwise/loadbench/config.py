@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from draftwise.bench.anchor_settings import spec_draft_max
 from draftwise.config import DraftConfig, DrafterName, GenerationConfig, ModelOptions
+from draftwise.cpu import default_threads
 from draftwise.errors import ConfigError
 from draftwise.prepare import recommended
 from draftwise.registry import DEFAULT_TARGET
@@ -115,6 +115,11 @@ class LoadConfig(BaseModel):
     subtasks: tuple[str, ...] | None = Field(None, description="subtasks to run; None = all in the data")
     limit: int | None = Field(3, ge=1, description="prompts per subtask")
     url: str | None = Field(None, description="measure this running server instead of starting one")
+    in_process: bool = Field(
+        False,
+        description="run draftwise's servers in this process and send them requests through the app without "
+        "HTTP (llama-server still runs as a program): what the server does, without sockets and a second process",
+    )
     llama_cpp_bin: Path | None = Field(
         None, description="folder holding llama.cpp's llama-server (`make llama-cpp-bin` builds it)"
     )
@@ -152,6 +157,8 @@ class LoadConfig(BaseModel):
         if self.url is not None:
             if len(self.servers) != 1:
                 raise ValueError("--url measures one running server: name it with --servers (one name)")
+            if self.in_process:
+                raise ValueError("--url measures a running server; --in-process starts one here: choose one")
         elif LLAMA_SERVERS & set(self.servers) and self.llama_cpp_bin is None:
             raise ValueError("llama-server needs --llama-cpp-bin DIR (llama.cpp's programs; `make llama-cpp-bin`)")
         if "llama-server-spec" in self.servers and self.url is None and self.draft_model is None:
@@ -166,9 +173,9 @@ class LoadConfig(BaseModel):
 
     @property
     def threads(self) -> int:
-        """Threads of every server: the ones asked for, else one per core (said explicitly to
-        each server, whose own defaults differ)."""
-        return self.models.threads or os.cpu_count() or 1
+        """Threads of every server: the ones asked for, else one per core this process may run
+        on (said explicitly to each server, whose own defaults differ)."""
+        return self.models.threads or default_threads()
 
     def results_hash(self) -> str:
         """Hash of every setting that changes a run's answers or its speed; the prompt set is
@@ -180,6 +187,8 @@ class LoadConfig(BaseModel):
         for added in ("edit", "structured"):  # a run without them hashes as it did before they came
             if relevant[added] == NONE:
                 del relevant[added]
+        if not relevant["in_process"]:  # so does a run over HTTP
+            del relevant["in_process"]
         relevant.update(draft_model=self.draft_model, threads=self.threads)
         blob = json.dumps(relevant, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

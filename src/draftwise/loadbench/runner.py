@@ -17,10 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from draftwise.bench.store import ResultStore
-from draftwise.loadbench.client import Answer, run_level
-from draftwise.loadbench.config import LLAMA_SERVERS, LoadConfig, LoadError, sends_prediction
+from draftwise.loadbench.client import Answer, Endpoint, run_level
+from draftwise.loadbench.config import DRAFTWISE_SERVERS, LLAMA_SERVERS, LoadConfig, LoadError, sends_prediction
 from draftwise.loadbench.prompts import LoadPrompt, load_prompts
-from draftwise.loadbench.servers import Server, llama_server_version, running, served_model, server_for
+from draftwise.loadbench.servers import (
+    Server,
+    draftwise_settings,
+    llama_server_version,
+    running,
+    served_model,
+    server_for,
+)
 from draftwise.loadbench.stats import Run, RunKey, against_llama, alone_texts, finished_runs, mismatches, summarize
 
 RESULTS = "results.jsonl"
@@ -91,35 +98,43 @@ class LoadBench:
             server_for(name, self.config, 1)
 
     @contextmanager
-    def _serving(self, name: str, level: int) -> Iterator[tuple[str, str, str]]:
-        """(base URL, model id, command) of ``name`` with ``level`` slots, for as long as needed."""
+    def _serving(self, name: str, level: int) -> Iterator[tuple[Endpoint, str]]:
+        """(where to send requests, the command that serves them) of ``name`` with ``level``
+        slots, for as long as needed: a running server, one started here as a program, or with
+        ``in_process`` draftwise's app in this process."""
         if self.config.url is not None:
             base = self.config.url.rstrip("/")
-            yield base, served_model(base), f"running server at {base}"
+            yield Endpoint(base, served_model(base)), f"running server at {base}"
             return
         server: Server = server_for(name, self.config, level)
+        if self.config.in_process and name in DRAFTWISE_SERVERS:
+            from draftwise.loadbench.inprocess import IN_PROCESS, in_process
+
+            self.log(f"loading {name} with {level} slot(s) in this process")
+            with in_process(draftwise_settings(self.config, level, name)) as transport:
+                yield Endpoint(IN_PROCESS, server.model, transport), f"{server.shown} (in process, without HTTP)"
+            return
         log = self.config.out / LOGS / f"{name}-c{level}.log"
         self.log(f"starting {name} with {level} slot(s) (log: {log})")
         with running(server, log, self.config.startup_timeout) as base:
-            yield base, server.model, server.shown
+            yield Endpoint(base, server.model), server.shown
 
-    def _warm_up(self, base: str, model: str, name: str) -> None:
+    def _warm_up(self, endpoint: Endpoint, name: str) -> None:
         """One short untimed request; a server that cannot answer it stops the benchmark."""
         tokens = min(WARMUP_TOKENS, self.config.max_tokens)
         timeout, predict = self.config.request_timeout, sends_prediction(name)
-        answers, _ = run_level(base, model, self.prompts[:1], 1, tokens, timeout, predict=predict)
+        answers, _ = run_level(endpoint, self.prompts[:1], 1, tokens, timeout, predict=predict)
         if not answers[0].ok:
             raise LoadError(f"{name} failed the warm-up request: {answers[0].error}")
 
     def run_one(self, name: str, level: int, advance: Callable[[], None]) -> dict[str, Any]:
         """Measure ``name`` at concurrency ``level``; its records are stored when it ends."""
         config = self.config
-        with self._serving(name, level) as (base, model, command):
+        with self._serving(name, level) as (endpoint, command):
             if config.warmup:
-                self._warm_up(base, model, name)
+                self._warm_up(endpoint, name)
             answers, wall = run_level(
-                base,
-                model,
+                endpoint,
                 self.prompts,
                 level,
                 config.max_tokens,

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftwise.api.settings import ServerSettings
 from draftwise.loadbench.config import DRAFTWISE_SERVERS, LLAMA_SERVERS, NONE, LoadConfig, LoadError
 
 HOST = "127.0.0.1"
@@ -80,24 +81,40 @@ def llama_server_binary(config: LoadConfig) -> Path:
     return binary
 
 
-def draftwise_server(config: LoadConfig, slots: int, name: str = "draftwise") -> Server:
-    """``draftwise serve`` with ``slots`` slots, the run's models, threads and context (``name``:
-    draftwise; draftwise-noprediction, the same server whose clients send no prediction; or
-    draftwise-off, the same server decoding plainly)."""
-    argv = [*CLI, "serve", "--target", config.target, "--slots", str(slots), "--queue-size", str(slots)]
-    argv += ["--threads", str(config.threads), "--context", str(config.context)]
-    argv += ["--timeout", f"{config.request_timeout:g}"]
-    if config.draft_model is not None:
-        argv += ["--draft", config.draft_model]
+def draftwise_settings(config: LoadConfig, slots: int, name: str = "draftwise") -> ServerSettings:
+    """``draftwise serve``'s settings with ``slots`` slots, the run's models, threads and context
+    (``name``: draftwise; draftwise-noprediction, the same server whose clients send no
+    prediction; or draftwise-off, the same server decoding plainly). A started server gets them
+    as flags (``draftwise_server``), an in-process one as they are."""
     drafter = "off" if name == "draftwise-off" else config.drafter
-    if drafter is not None:
-        argv += ["--drafter", drafter]
-    for name, value in config.models.model_dump(exclude_defaults=True, exclude={"threads", "context"}).items():
+    return ServerSettings(
+        target=config.target,
+        draft=config.draft_model,
+        drafter=drafter,
+        slots=slots,
+        queue_size=slots,
+        request_timeout=config.request_timeout,
+        models=config.models.model_copy(update={"threads": config.threads, "context": config.context}),
+    )
+
+
+def draftwise_server(config: LoadConfig, slots: int, name: str = "draftwise") -> Server:
+    """``draftwise serve`` started with ``draftwise_settings`` as its flags."""
+    settings = draftwise_settings(config, slots, name)
+    models = settings.models
+    argv = [*CLI, "serve", "--target", settings.target, "--slots", str(slots), "--queue-size", str(slots)]
+    argv += ["--threads", str(models.threads), "--context", str(models.context)]
+    argv += ["--timeout", f"{settings.request_timeout:g}"]
+    if settings.draft is not None:
+        argv += ["--draft", settings.draft]
+    if settings.drafter is not None:
+        argv += ["--drafter", settings.drafter]
+    for field, value in models.model_dump(exclude_defaults=True, exclude={"threads", "context"}).items():
         # `draftwise serve` spells every ModelOptions field as its flag, without an alias (a test
         # checks these against serve's flags); spelt here so this layer does not import the CLI.
-        flag = name.replace("_", "-")
+        flag = field.replace("_", "-")
         argv += [f"--{flag}" if value else f"--no-{flag}"] if isinstance(value, bool) else [f"--{flag}", str(value)]
-    return Server(name, tuple(argv), config.target)
+    return Server(name, tuple(argv), settings.served_model)
 
 
 def draft_model_args(config: LoadConfig) -> list[str]:

@@ -1,0 +1,63 @@
+"""``draftwise curve``: time the target's passes over 1, 2, 4, ... rows on this machine.
+
+Flags derive from ``CurveConfig`` (``draftwise.bench.curve``) through
+``draftwise.cli.options.with_flags``; the model flags (``--threads``, ``--backend``, ...)
+are ``ModelOptions``'.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from draftwise.bench.curve import CurveConfig
+from draftwise.cli.options import Flags, aliases_of, built, note, with_flags, with_model_options
+from draftwise.config import ModelOptions
+from draftwise.errors import ConfigError
+
+
+def _rows(value: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"--rows: expected comma-separated whole numbers such as 1,2,4,8 (got {value!r})")
+    return tuple(int(p) for p in parts)
+
+
+FLAGS = (Flags(CurveConfig, parse={"rows": _rows}),)
+ALIASES = aliases_of(*FLAGS)
+
+
+@with_model_options(skip=("context",))  # the curve's own --context is the cache before each pass
+@with_flags(*FLAGS)
+def curve(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions(), models_given: dict | None = None):
+    """Time the target's forward passes over 1, 2, 4, ... 64 new rows after a context of plain
+    text, each the fastest of a few: what a drafted block costs to verify on this machine
+    against one plain step."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from draftwise.bench.curve import measure
+    from draftwise.cpu import cpu_name, default_threads
+    from draftwise.loading import load_lm
+
+    config = built(CurveConfig, aliases=ALIASES, **given[CurveConfig])
+    note(f"loading {config.target} ...")
+    lm = load_lm(config.target, config.model_options(models), log=note)
+    note(f"timing passes of {', '.join(map(str, config.rows))} rows after {config.context} tokens")
+    points = measure(lm, config)
+    threads = models.threads or default_threads()
+    title = f"{config.target} on {cpu_name()}, {threads} threads, after {config.context} tokens"
+    table = Table("rows", "ms", "ms per row", "rows/s", "plain steps", title=title)
+    for p in points:
+        table.add_row(str(p.rows), f"{p.ms:.1f}", f"{p.ms_per_row:.2f}", f"{p.rows_per_s:.1f}", f"{p.steps:.2f}")
+    Console().print(table)
+    if config.out is not None:
+        record = {"config": config.model_dump(mode="json"), "cpu": cpu_name(), "threads": threads}
+        config.out.write_text(json.dumps({**record, "points": [p.model_dump() for p in points]}, indent=1) + "\n")
+        note(f"curve: {config.out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(curve)
