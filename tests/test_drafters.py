@@ -17,7 +17,7 @@ from draftwise import (
 )
 from draftwise.drafters import Proposal, build_drafter
 from draftwise.lm import drive
-from draftwise.policies import Offer
+from draftwise.offers import Offer
 from draftwise.target import LocalTarget
 from draftwise.verify import Verdict
 

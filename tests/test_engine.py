@@ -28,7 +28,7 @@ from draftwise import (
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.drafters import EMPTY_PROPOSAL
 from draftwise.lm import drive, prefill, sync
-from draftwise.policies import Offer
+from draftwise.offers import Offer
 from draftwise.stopping import TextStream
 from draftwise.target import LocalTarget
 from scripted_support import ScriptedTarget

@@ -31,7 +31,7 @@ from draftwise.grammar import (
     llguidance_reason,
 )
 from draftwise.lm import drive
-from draftwise.policies import PLAIN, Choice
+from draftwise.offers import PLAIN, Choice
 from draftwise.target import LocalTarget
 from draftwise.verify import apply_mask, masked_argmax, pack_bits, unpack_bits, verify
 from grammar_support import LATE_DEAD_END, UNFINISHABLE, count_compiles, optional_properties

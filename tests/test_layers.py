@@ -45,8 +45,9 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     # verification: the acceptance rule, the step event it yields, the metrics built from events
     (("draftwise.verify", "draftwise.events", "draftwise.metrics"),),
     # below the drafters, each apart: the draft policies (which source drafts, how many tokens),
-    # and a request's grammar compiled to masks and forced tokens (llguidance)
-    (("draftwise.policies",), ("draftwise.grammar",)),
+    # with what they are offered and learn (offers) and the costs they measure (profile); and a
+    # request's grammar compiled to masks and forced tokens (llguidance)
+    (("draftwise.offers", "draftwise.profile", "draftwise.policies"), ("draftwise.grammar",)),
     # the drafters: the protocol every proposer speaks; model drafters (by ids or text), n-grams
     (("draftwise.drafters",),),
     # what stands on the drafters, each apart: predicted outputs, drafting under a grammar, the

@@ -21,7 +21,7 @@ from draftwise.config import ModelOptions
 from draftwise.drafters import EMPTY_PROPOSAL, CrossVocabDrafter, HybridDrafter, Proposal, build_drafter, text_bridge
 from draftwise.errors import DraftwiseError, ModelLoadError
 from draftwise.loading import choose_backend, load_lm, load_pair
-from draftwise.policies import Offer
+from draftwise.offers import Offer
 from draftwise.registry import REGISTRY, model_path
 from draftwise.verify import logits_to_probs
 

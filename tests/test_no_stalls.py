@@ -22,7 +22,7 @@ from draftwise.api.translate import check_prediction
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
 from draftwise.lm import drive, longest_token
-from draftwise.policies import CostProfile
+from draftwise.profile import CostProfile
 from draftwise.prediction import PredictionDrafter, encode_prediction
 from draftwise.retokenize import TokenText
 from draftwise.scheduler import Scheduler, run_together

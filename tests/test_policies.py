@@ -9,19 +9,9 @@ import pytest
 
 from draftwise import DraftConfig
 from draftwise.lm import PassInfo
-from draftwise.policies import (
-    PLAIN,
-    Acceptance,
-    Choice,
-    CostAwareK,
-    CostProfile,
-    FixedK,
-    HeuristicK,
-    Offer,
-    Outcome,
-    PassTimes,
-    make_policy,
-)
+from draftwise.offers import PLAIN, Choice, Offer, Outcome
+from draftwise.policies import CostAwareK, FixedK, HeuristicK, make_policy
+from draftwise.profile import Acceptance, CostProfile, PassTimes
 
 MODEL = Offer("model")
 

@@ -14,7 +14,8 @@ from draftwise.drafters import NGramDrafter, Sources
 from draftwise.engine import autoregressive
 from draftwise.lm import drive
 from draftwise.metrics import GenerationMetrics
-from draftwise.policies import Choice, CostAwareK, Offer, Outcome
+from draftwise.offers import Choice, Offer, Outcome
+from draftwise.policies import CostAwareK
 from draftwise.prediction import PREDICTION, PredictionDrafter, token_offsets, with_prediction
 from draftwise.target import LocalTarget
 from scripted_support import ScriptedTarget

@@ -8,7 +8,7 @@ import pytest
 
 from draftwise import prepare
 from draftwise.config import DraftConfig, GenerationConfig
-from draftwise.policies import CostProfile
+from draftwise.profile import CostProfile
 
 COST = DraftConfig(k_policy="cost", k=2, k_max=3)
 

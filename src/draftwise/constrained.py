@@ -18,7 +18,7 @@ import torch
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal
 from draftwise.grammar import GRAMMAR, Constraint, Triggered
 from draftwise.lm import Passes
-from draftwise.policies import Offer
+from draftwise.offers import Offer
 from draftwise.verify import Verdict
 
 

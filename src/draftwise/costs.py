@@ -21,7 +21,7 @@ from typing import Any
 from draftwise.cpu import cpu_name, cpuinfo_text, kernel_flags
 from draftwise.drafters import MODEL
 from draftwise.lm import LanguageModel
-from draftwise.policies import CostProfile
+from draftwise.profile import CostProfile
 from draftwise.registry import home
 
 CONTEXT = 256  # context the passes are timed after: a typical prompt's length

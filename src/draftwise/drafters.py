@@ -19,7 +19,7 @@ import torch
 
 from draftwise.config import DrafterKind, GenerationConfig, SamplingConfig
 from draftwise.lm import Forward, LanguageModel, Passes, Tokenizer, ready, sync
-from draftwise.policies import Offer
+from draftwise.offers import Offer
 from draftwise.retokenize import TextTokens, TokenText, added_text, proposal_ids, settled
 from draftwise.tokenizer_compat import shares_vocabulary
 from draftwise.verify import Verdict, logits_to_probs, sample

@@ -24,8 +24,10 @@ from draftwise.events import NO_TOKEN, StepEvent
 from draftwise.grammar import Constraint, Grammars, Triggered
 from draftwise.lm import Forward, LanguageModel, Tokenizer, run_alone
 from draftwise.metrics import GenerationMetrics
-from draftwise.policies import PLAIN, Choice, CostProfile, DraftPolicy, FixedK, Outcome, make_policy
+from draftwise.offers import PLAIN, Choice, Outcome
+from draftwise.policies import DraftPolicy, FixedK, make_policy
 from draftwise.prediction import with_prediction
+from draftwise.profile import CostProfile
 from draftwise.stopping import TextStream, first_eos
 from draftwise.target import LocalTarget, Target, Verification
 from draftwise.verify import TokenSource, Verdict

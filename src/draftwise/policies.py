@@ -1,104 +1,22 @@
 """Draft policies: which source drafts in the next step, and how many tokens.
 
-Each step the drafter says what each of its sources could propose (``Offer``: the model
-drafter, n-gram lookup, ...), and the policy picks one of them with a draft length, or
-plain decoding (``PLAIN``). After the step it learns what the step did and cost
-(``Outcome``). The decode loop never asks which drafter or policy it has.
+Each step the drafter says what each of its sources could propose (``Offer``), and the
+policy picks one of them with a draft length, or plain decoding (``PLAIN``); after the step
+it learns what the step did and cost (``Outcome``; all three in ``draftwise.offers``). The
+cost policy prices its choices on what this machine measured (``draftwise.profile``). The
+decode loop never asks which drafter or policy it has.
 """
 
 from __future__ import annotations
 
-import bisect
 import copy
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from draftwise.config import DraftConfig
-from draftwise.lm import PassInfo
-
-
-@dataclass(frozen=True)
-class Offer:
-    """What one source of a drafter could propose for the next step.
-
-    ``limit`` is the most tokens it has (an n-gram continuation found in the context), None
-    for as many as asked. ``behind`` counts context tokens the source must feed before it can
-    draft (a draft model that skipped the prompt, or steps it sat out): a cost paid once.
-    ``key`` names the acceptance statistics the source's proposals share (n-gram lookups
-    keep one per match length: a 3-token match is right far more often than a 1-token one).
-    ``cost_hint`` guesses a draft token's cost as a share of one plain target pass, until
-    the source's own cost is measured. A ``grounded`` source copies text the output is
-    expected to follow (a prediction, an n-gram copy in progress): the cost policy may give it
-    blocks past ``k_max`` once it has been right long enough (``CostAwareK``). The first
-    ``sure`` tokens of a block are forced by a grammar, drafted at no cost and priced as
-    accepted (the mask allows nothing else there but another spelling of the same text); the
-    source's acceptance and cost price the tokens after them (a forced key, then a value).
-    A source whose tokens each take a pass of a draft model (``passes``) keeps its stream
-    out of one round per token when streams share passes.
-    """
-
-    source: str
-    limit: int | None = None
-    behind: int = 0
-    key: str = ""
-    cost_hint: float = 0.5
-    grounded: bool = False
-    sure: int = 0
-    passes: bool = False
-
-    @property
-    def stats_key(self) -> str:
-        return self.key or self.source
-
-
-@dataclass(frozen=True)
-class Choice:
-    """Draft ``k`` tokens from ``offer`` (None with ``k == 0``: plain decoding)."""
-
-    offer: Offer | None
-    k: int
-
-    @property
-    def source(self) -> str | None:
-        return self.offer.source if self.offer is not None else None
-
-
-PLAIN = Choice(None, 0)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a step did and cost, as the policy learns it."""
-
-    choice: Choice
-    n_proposed: int
-    n_accepted: int
-    draft_seconds: float  # drafting, as the stream waited for it: catching up is ``catchup_seconds``
-    verify_seconds: float
-    catchup_seconds: float = 0.0
-    catchup_tokens: int = 0
-    # The target pass that verified the block, where the backend reports it: with other
-    # streams' rows batched in, its rows and time say more than verify_seconds does.
-    pass_info: PassInfo | None = None
-    # The draft model's own passes of the block (a round also runs other streams' passes,
-    # which the stream waits for but which are not drafting's cost); None: ``draft_seconds``.
-    draft_pass_seconds: float | None = None
-
-    @property
-    def own_rows(self) -> int:
-        return self.n_proposed + 1
-
-    @property
-    def others_rows(self) -> int:
-        """Rows of other streams in the same pass."""
-        return max(0, self.pass_info.rows - self.own_rows) if self.pass_info is not None else 0
-
-    @property
-    def others_streams(self) -> int:
-        """Other streams in the same pass."""
-        return max(0, self.pass_info.sequences - 1) if self.pass_info is not None else 0
+from draftwise.offers import PLAIN, Choice, Offer, Outcome
+from draftwise.profile import Acceptance, CostProfile, PassTimes, decayed
 
 
 class DraftPolicy(Protocol):
@@ -153,195 +71,6 @@ class HeuristicK:
             return
         full = outcome.n_accepted == outcome.n_proposed
         self.k = min(self.k_max, self.k + 2) if full else max(1, self.k - 1)
-
-
-class PassTimes:
-    """Seconds of a target pass by the number of rows it scores, as measured.
-
-    Each measured size keeps a decayed mean. A size never measured is read off the line
-    between its measured neighbours; beyond the largest measured size, the line through the
-    two largest continues (flat while only one size is known); below the smallest, the
-    smallest's time stands. No global line is fitted on purpose: on a CPU the cost is far
-    from linear in the block size (kernels change with the number of rows; llama.cpp's
-    quantized products run rows in groups of four, so a 4-token pass can cost less than a
-    3-token one), and a line through the multi-token passes misprices the one-token pass
-    that plain decoding is made of.
-
-    Example: measured {1: 0.28, 6: 0.61} -> at(3) = 0.28 + 2/5 * 0.33 = 0.412, at(9) = 0.808.
-    """
-
-    WEIGHT = 0.3  # of the newest measurement in a size's mean: a few passes outweigh calibration
-
-    def __init__(self) -> None:
-        self._mean: dict[int, float] = {}
-        self._sizes: list[int] = []  # the measured sizes, in order
-
-    def add(self, tokens: int, seconds: float) -> None:
-        if tokens not in self._mean:
-            bisect.insort(self._sizes, tokens)
-        self._mean[tokens] = _decayed(self._mean.get(tokens), seconds, self.WEIGHT)
-
-    def known(self, tokens: int) -> bool:
-        return tokens in self._mean
-
-    @property
-    def sizes(self) -> int:
-        """How many sizes were measured."""
-        return len(self._mean)
-
-    def at(self, tokens: int, rising: bool = False) -> float | None:
-        """Seconds of a pass over ``tokens`` rows; ``rising``: never less than a smaller
-        measured size's (for passes timed under load, where the scatter between sizes, not the
-        kernels, makes most dips: at 4 clients T(4) = 147, T(5) = 162, T(6) = 157 ms)."""
-        value = self._at(tokens)
-        if rising and value is not None:
-            return max([value, *(self._mean[n] for n in self._sizes if n <= tokens)])
-        return value
-
-    def _at(self, tokens: int) -> float | None:
-        if not self._mean:
-            return None
-        if tokens in self._mean:
-            return self._mean[tokens]
-        sizes = self._sizes
-        i = bisect.bisect_left(sizes, tokens)
-        if i == 0:
-            return self._mean[sizes[0]]
-        lo, hi = (sizes[i - 1], sizes[i]) if i < len(sizes) else (sizes[i - 2] if i >= 2 else None, sizes[i - 1])
-        if lo is None:
-            return self._mean[hi]
-        slope = max(0.0, (self._mean[hi] - self._mean[lo]) / (hi - lo))
-        return self._mean[lo] + slope * (tokens - lo)
-
-
-# A measurement more than this many times the running mean counts as this many times it: a
-# pass that stalled (another process took the CPU) says more about the machine than about
-# the block size, and one such stall must not switch drafting off for many steps.
-OUTLIER = 2.0
-
-
-def _decayed(old: float | None, new: float, weight: float = 0.3) -> float:
-    """A running mean with exponential forgetting, robust to one-off stalls."""
-    if old is None:
-        return new
-    return (1 - weight) * old + weight * min(new, OUTLIER * old)
-
-
-class Acceptance:
-    """How often one source's draft tokens are kept, by their position in the block.
-
-    ``tried[i]`` counts the blocks whose i-th guessed token was checked (every one before it
-    was kept), ``kept[i]`` those where it was kept too; each block forgets the older counts,
-    at every position, by ``DECAY``: the counts remember about three blocks, so a source
-    that turns wrong is seen within three (``tests/test_policies.py`` shows it). The chance that
-    position i is kept once reached is ``kept[i]`` over ``tried[i]``, shrunk towards the
-    source's pooled rate (Laplace's rule over all positions: even odds with no evidence) by
-    ``SHRINK`` tries' worth, so that a position tried once does not decide alone. A draft
-    model is often right early in a block and wrong late: one rate per source cannot say so.
-
-    Example (no forgetting): blocks of 4 with 4, 4 and 1 kept: tried [3, 3, 2, 2], kept
-    [3, 2, 2, 2]; pooled (9 + 1) / (10 + 2) = 0.83; position 1: (2 + 2 * 0.83) / (3 + 2) = 0.73;
-    positions 3 and on: (2 + 2 * 0.83) / (2 + 2) = 0.92.
-    """
-
-    DECAY = 0.7  # of the older counts at each block: about three blocks' memory, 1 / (1 - 0.7)
-    SHRINK = 2.0  # tries' worth of the pooled rate in each position's: one try does not decide
-
-    def __init__(self) -> None:
-        self.tried: list[float] = []
-        self.kept: list[float] = []
-
-    def add(self, proposed: int, accepted: int) -> None:
-        """A block of ``proposed`` guessed tokens of which the first ``accepted`` were kept."""
-        reached = min(proposed, accepted + 1)
-        grow = reached - len(self.tried)
-        if grow > 0:
-            self.tried += [0.0] * grow
-            self.kept += [0.0] * grow
-        for i in range(len(self.tried)):
-            self.tried[i] = self.DECAY * self.tried[i] + (i < reached)
-            self.kept[i] = self.DECAY * self.kept[i] + (i < accepted)
-
-    def pooled(self) -> float:
-        return (sum(self.kept) + 1) / (sum(self.tried) + 2)
-
-    def rates(self, k: int, optimistic: bool = False) -> list[float]:
-        """The chance of keeping each of the first ``k`` positions once reached; optimistic: one
-        Hoeffding width above (``sqrt(1 / 2n)`` after n tries), at most ``PLAUSIBLE``. A position
-        never reached takes the last reached one's (a block gets no easier further on), or the
-        pooled rate where none was."""
-        pooled = self.pooled()
-        shrunk = [(kept + self.SHRINK * pooled) / (tried + self.SHRINK) for tried, kept in zip(self.tried, self.kept)]
-        out = []
-        for i in range(k):
-            rate = shrunk[min(i, len(shrunk) - 1)] if shrunk else pooled
-            tried = self.tried[i] if i < len(self.tried) else 0.0
-            out.append(min(PLAUSIBLE, rate + math.sqrt(0.5 / (tried + 1))) if optimistic else rate)
-        return out
-
-    def expected(self, k: int, optimistic: bool = False) -> list[float]:
-        """Tokens a block of 0 to ``k`` guessed tokens is expected to emit: those kept in a row,
-        plus the target's own.
-
-        Example: rates [0.9, 0.5] -> [1, 1.9, 2.35]."""
-        tokens, reach = [1.0], 1.0
-        for rate in self.rates(k, optimistic):
-            reach *= rate
-            tokens.append(tokens[-1] + reach)
-        return tokens
-
-
-# The best acceptance exploration assumes a source could have: a 0.5B draft of its 1.5B
-# target was right 95% of the time on the make-run prompt, the best any measured source
-# but a copy reached.
-PLAUSIBLE = 0.95
-
-
-@dataclass
-class CostProfile:
-    """What drafting costs with one target and drafter on one machine, learnt as steps run.
-
-    It outlives a generation (an engine keeps one), so the second request of a server, or
-    the second prompt of a bench run, starts from what the first measured: costs, and each
-    source's acceptance by position.
-
-    Passes shared with other streams are kept apart from passes a stream ran alone
-    (``shared_times``): under load a row costs what it costs among the other streams' rows and
-    contexts, which calibration on an idle machine does not show.
-    """
-
-    pass_times: PassTimes = field(default_factory=PassTimes)  # passes alone, and calibration
-    shared_times: PassTimes = field(default_factory=PassTimes)  # passes that held other streams' rows
-    draft_token_seconds: dict[str, float] = field(default_factory=dict)  # per source: its own passes
-    catchup_token_seconds: dict[str, float] = field(default_factory=dict)  # per source
-    acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per statistics key
-    # Rows and streams of others in the last pass this stream's rows rode in (batched backends):
-    # the next generation starts from the load the last one saw, not from an empty machine.
-    others_rows: int = 0
-    others_streams: int = 0
-    # The shared pass learnt last: every stream in a pass reports it, and it counts once.
-    _last_shared: PassInfo | None = field(default=None, repr=False)
-
-    def learn(self, outcome: Outcome) -> None:
-        info = outcome.pass_info
-        if info is None:
-            self.pass_times.add(outcome.own_rows, outcome.verify_seconds)
-        elif outcome.others_rows == 0:
-            self.pass_times.add(info.rows, info.seconds)
-        elif info != self._last_shared:
-            self.shared_times.add(info.rows, info.seconds)
-            self._last_shared = info
-        if info is not None:
-            self.others_rows, self.others_streams = outcome.others_rows, outcome.others_streams
-        source = outcome.choice.source
-        if source is None or outcome.n_proposed == 0:
-            return
-        own = outcome.draft_seconds if outcome.draft_pass_seconds is None else outcome.draft_pass_seconds
-        self.draft_token_seconds[source] = _decayed(self.draft_token_seconds.get(source), own / outcome.n_proposed)
-        if outcome.catchup_tokens:
-            self.catchup_token_seconds[source] = _decayed(
-                self.catchup_token_seconds.get(source), outcome.catchup_seconds / outcome.catchup_tokens
-            )
 
 
 @dataclass(frozen=True)
@@ -540,7 +269,7 @@ class CostAwareK:
         self.account += self.ALLOWANCE * seconds / streams
         offer = outcome.choice.offer
         if offer is None:
-            self.plain_token = _decayed(self.plain_token, outcome.verify_seconds / streams)
+            self.plain_token = decayed(self.plain_token, outcome.verify_seconds / streams)
         plain = self.plain().rate
         plain_token = self.plain_token or (1 / plain if plain > 0 else outcome.verify_seconds / streams)
         if self.budget is not None:

@@ -42,7 +42,7 @@ import torch
 from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, Sources
 from draftwise.lm import Passes, Tokenizer, ready
-from draftwise.policies import Offer
+from draftwise.offers import Offer
 from draftwise.retokenize import TokenText, added_text, proposal_ids
 from draftwise.verify import Verdict
 

@@ -24,7 +24,7 @@ from draftwise.config import DraftConfig, DrafterKind, ModelOptions
 from draftwise.costs import calibrate
 from draftwise.lm import LanguageModel
 from draftwise.loading import load_pair
-from draftwise.policies import CostProfile
+from draftwise.profile import CostProfile
 from draftwise.registry import REGISTRY
 
 Log = Callable[[str], None]

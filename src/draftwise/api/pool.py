@@ -30,8 +30,8 @@ from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
 from draftwise.grammar import Grammars
 from draftwise.lm import LanguageModel, Tokenizer, cached_start
-from draftwise.policies import CostProfile
 from draftwise.prediction import EncodedPrediction, encode_prediction, predicting
+from draftwise.profile import CostProfile
 from draftwise.scheduler import Scheduler
 from draftwise.target import LocalTarget
 

@@ -22,8 +22,8 @@ from draftwise.drafters import build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.lm import LanguageModel
 from draftwise.metrics import GenerationMetrics
-from draftwise.policies import CostProfile
 from draftwise.prepare import Pair
+from draftwise.profile import CostProfile
 
 if TYPE_CHECKING:
     from draftwise.backends.hf import HFModel

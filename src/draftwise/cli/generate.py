@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from draftwise.config import GenerationConfig
     from draftwise.engine import GenerationResult, SpeculativeEngine
     from draftwise.lm import LanguageModel, Tokenizer
-    from draftwise.policies import CostProfile
+    from draftwise.profile import CostProfile
     from draftwise.remote.client import RemoteTarget
 
 # --reconnect-s (ClientSettings): how a run rides out a verifier that goes away.
