@@ -216,3 +216,32 @@ def test_a_command_that_does_not_parse_is_caught(args: list[str]) -> None:
 )
 def test_a_command_that_parses_passes(args: list[str]) -> None:
     parse(args)
+
+
+def layout_paths(text: str) -> list[str]:
+    """The files and folders the README's layout table names: each backticked ``*.py`` or
+    ``name/`` in its module column, a file in a folder's parentheses read inside that folder."""
+    section = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    paths = []
+    for row in section.splitlines():
+        if not row.startswith("| ") or row.startswith(("| concept", "|---")):
+            continue
+        cell = row.rstrip(" |").rsplit(" | ", 1)[1]
+        folder = re.match(r"`(\w+/)` \((.*)\)", cell)
+        if folder:
+            paths += [folder.group(1) + name for name in re.findall(r"`([\w.]+\.py)`", folder.group(2))]
+            cell = cell[: folder.start()] + cell[folder.end() :]
+        paths += re.findall(r"`([\w.]+\.py|\w+/)`", cell)
+    return paths
+
+
+def test_every_module_the_layout_names_is_there():
+    package = Path(__file__).resolve().parents[1] / "src" / "draftwise"
+    paths = layout_paths(README.read_text())
+    assert len(paths) > 30 and "api/pool.py" in paths and "engine.py" in paths
+    assert [p for p in paths if not (package / p).exists()] == []
+
+
+def test_the_layout_reader_reads_folders_and_files():
+    table = "## Layout\n\n| concept | module |\n|---|---|\n| a | `x.py`, `y.py`; `z/` |\n| b | `api/` (`a.py`) |\n"
+    assert layout_paths(table) == ["x.py", "y.py", "z/", "api/a.py"]
