@@ -34,7 +34,7 @@ class ServerMetrics:
         self.prompt_tokens = Counter("draftwise_prompt_tokens", "prompt tokens of admitted requests", registry=r)
         self.cached_prompt_tokens = Counter(
             "draftwise_prompt_tokens_cached",
-            "prompt tokens a worker's cache held from its last request, not prefilled again",
+            "prompt tokens a slot's cache held from its last request, not prefilled again",
             registry=r,
         )
         self.tokens = Counter(
@@ -56,8 +56,8 @@ class ServerMetrics:
             ["position"],
             registry=r,
         )
-        self.queue_depth = Gauge("draftwise_queue_depth", "admitted requests waiting for a worker", registry=r)
-        self.active = Gauge("draftwise_active_generations", "generations running on a worker", registry=r)
+        self.queue_depth = Gauge("draftwise_queue_depth", "admitted requests waiting for a slot", registry=r)
+        self.active = Gauge("draftwise_active_generations", "generations running on a slot", registry=r)
         self._add_histograms(r)
 
     def _add_histograms(self, r: CollectorRegistry) -> None:

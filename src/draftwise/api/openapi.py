@@ -22,7 +22,7 @@ _GENERATION_ERRORS = {
     **UNKNOWN_MODEL,
     411: "chunked request body: send a Content-Length",
     413: "request body over the server's max_body_bytes",
-    429: "every worker is busy and the queue is full: retry after Retry-After seconds",
+    429: "every slot is busy and the queue is full: retry after Retry-After seconds",
     500: "a fault in the server, never the request's",
     504: "the request ran past the server's request_timeout",
 }

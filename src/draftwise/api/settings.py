@@ -39,7 +39,7 @@ class ServerSettings(BaseModel):
         None, description="require 'Authorization: Bearer KEY' on /v1/* (what OpenAI clients send as api_key)"
     )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body accepted")
-    queue_size: int = Field(8, ge=0, le=10_000, description="requests that may wait for a worker; more get 429")
+    queue_size: int = Field(8, ge=0, le=10_000, description="requests that may wait for a slot; more get 429")
     request_timeout: float = Field(300.0, gt=0, description="seconds a request may take, queueing included")
     retry_after: int = Field(1, ge=0, description="seconds suggested to rejected clients in Retry-After")
     max_context: int | None = Field(
