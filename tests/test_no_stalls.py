@@ -4,26 +4,32 @@ before the server refuses it or runs it, and where that cost is paid.
 A chat with too many messages is refused before its messages are checked; a prediction too
 large for the context is refused by its size, before the tokenizer reads it; a prediction is
 encoded when its request is admitted, not in the rounds every stream waits on, and drafts
-what it drafted when it was encoded there. (Prompt pieces sized in time: ``test_scheduler``.)
+what it drafted when it was encoded there, tokenized once a request. Grammars compile one at
+a time, while a grammar already compiled waits for none of them and is found without
+building its text again. (Prompt pieces sized in time: ``test_scheduler``.)
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pydantic
 import pytest
 
+from draftwise import grammar as grammar_module
 from draftwise.api.errors import APIError
 from draftwise.api.pool import Slot, _generation, _paced
 from draftwise.api.schemas import MAX_MESSAGES, ChatCompletionRequest
 from draftwise.api.translate import check_prediction
 from draftwise.backends.tiny import tiny_tokenizer
-from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.config import DraftConfig, GenerationConfig, GrammarSpec, SamplingConfig
+from draftwise.grammar import Grammars
 from draftwise.lm import drive, longest_token
-from draftwise.profile import CostProfile
 from draftwise.prediction import PredictionDrafter, encode_prediction
+from draftwise.profile import CostProfile
 from draftwise.retokenize import TokenText
 from draftwise.scheduler import Scheduler, run_together
 
@@ -181,3 +187,95 @@ def test_a_server_generation_with_its_prediction_encoded_at_admission_gives_the_
         (e.tokens, e.source, e.proposed, e.n_accepted) for e in rounds
     ]
     assert any(e.source == "prediction" for e in ahead)
+
+
+def test_a_prediction_is_tokenized_once_a_request(url, tiny_target, monkeypatch):
+    # Its check at admission reads its tokens; the generation takes those, not a second encode.
+    httpx = pytest.importorskip("httpx")
+    predicted = "def f(x):\n    return x\n"
+    tokenizer = tiny_target.tokenizer  # the server's: its models are forks of this one
+    encode, read = tokenizer.encode, []
+
+    def counting(text: str, *args: Any, **kwargs: Any) -> list[int]:
+        if text == predicted:
+            read.append(text)
+        return list(encode(text, *args, **kwargs))
+
+    monkeypatch.setattr(tokenizer, "encode", counting)
+    body = _chat(1, max_tokens=4, prediction={"type": "content", "content": predicted})
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(read) == 1
+
+
+def _grammars() -> Grammars:
+    pytest.importorskip("llguidance")
+    tokenizer = tiny_tokenizer()
+    return Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+
+
+def _regex(pattern: str) -> GrammarSpec:
+    return GrammarSpec(kind="regex", text=pattern)
+
+
+def test_grammars_compile_one_at_a_time_and_a_kept_one_waits_for_none(monkeypatch):
+    grammars = _grammars()
+    kept = _regex("a+")
+    grammars.check(kept)
+    compile_, guard = grammar_module._compiled, threading.Lock()
+    running, most, entered = [0], [0], []
+    blocked, release = threading.Event(), threading.Event()
+
+    def counting(spec: GrammarSpec, grammar: str, vocabulary: Any) -> Any:
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            entered.append(spec.text)
+        try:
+            if spec.text == "b+":  # a long compile: held until the test lets it go
+                blocked.set()
+                release.wait(30)
+            return compile_(spec, grammar, vocabulary)
+        finally:
+            with guard:
+                running[0] -= 1
+
+    monkeypatch.setattr(grammar_module, "_compiled", counting)
+    compiles = [threading.Thread(target=grammars.check, args=(_regex(p),)) for p in ("b+", "c+", "d+")]
+    hit = threading.Thread(target=lambda: (grammars.check(kept), grammars.constraint(kept)))
+    try:
+        compiles[0].start()
+        assert blocked.wait(30)
+        for thread in compiles[1:]:
+            thread.start()
+        time.sleep(0.5)  # time enough for the others to reach the compile, were they let in
+        hit.start()
+        hit.join(10)
+        assert not hit.is_alive()  # the kept grammar did not wait for the compile under way
+        assert entered == ["b+"]
+    finally:
+        release.set()
+        for thread in compiles:
+            thread.join(30)
+    assert most[0] == 1 and sorted(entered) == ["b+", "c+", "d+"]
+
+
+def test_a_kept_grammar_is_found_without_building_its_text_again(monkeypatch):
+    from grammar_support import count_compiles
+
+    grammars = _grammars()
+    built = count_compiles(monkeypatch)
+    text, texts = grammar_module.grammar_text, []
+    monkeypatch.setattr(grammar_module, "grammar_text", lambda spec: texts.append(spec.kind) or text(spec))
+    record = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    grammars.check(GrammarSpec(kind="json_schema", text=record))
+    # The same schema again, as the request's stream (on the round thread) and the next
+    # request's check ask for it: each a spec of its own, equal to the first.
+    grammars.constraint(GrammarSpec(kind="json_schema", text=record))
+    grammars.check(GrammarSpec(kind="json_schema", text=record, name="record"))
+    assert texts == ["json_schema"] and len(built) == 1
+    # Another spec of the same grammar builds its text, once, but is not compiled again.
+    grammars.check(GrammarSpec(kind="json_object"))
+    grammars.check(GrammarSpec(kind="json_schema", text='{"type": "object"}'))
+    grammars.constraint(GrammarSpec(kind="json_object"))
+    assert texts == ["json_schema", "json_object", "json_schema"] and len(built) == 2

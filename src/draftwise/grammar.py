@@ -185,9 +185,18 @@ class Grammars:
         # since a bad schema can cost seconds of compile (12,000 properties: 3 to 4 s) and a
         # client may send it again and again.
         self._compiled: OrderedDict[bytes, Any] = OrderedDict()
-        # One lock per grammar being compiled: a second request for it waits for the first's
+        # The grammar text's hash (the key above) by a hash of the spec's kind and text, what
+        # ``grammar_text`` reads: a grammar kept is found without building its text again,
+        # work that would otherwise run twice a request, once on the round thread every
+        # stream waits on (``constraint``).
+        self._texts: OrderedDict[bytes, bytes] = OrderedDict()
+        # One lock per spec being compiled: a second request for it waits for the first's
         # result rather than compiling it a second time.
         self._compiling: dict[bytes, threading.Lock] = {}
+        # Held by the compile itself, never by a lookup of a kept grammar: compiles take CPU
+        # the decode rounds need (a server may have two cores), so they run one at a time
+        # whatever their grammars, while a request whose grammar is kept never waits for one.
+        self._compile_lock = threading.Lock()
 
     def vocabulary(self) -> Any:
         with self._lock:
@@ -208,36 +217,65 @@ class Grammars:
 
     def _matcher(self, spec: GrammarSpec) -> Any:
         """The compiled, checked, never advanced matcher of ``spec``'s grammar."""
-        grammar = grammar_text(spec)
-        key = hashlib.sha256(grammar.encode("utf-8", "surrogatepass")).digest()
+        key = _spec_key(spec)
         vocabulary = self.vocabulary()
         with self._lock:
-            known = self._known(key)
+            known = self._kept(key)
             gate = self._compiling.setdefault(key, threading.Lock()) if known is None else None
         if gate is not None:
-            known = self._compile_once(key, gate, spec, grammar, vocabulary)
+            known = self._compile_once(key, gate, spec, vocabulary)
         if isinstance(known, GrammarError):
             raise GrammarError(str(known))  # a fresh error: the kept one's traceback stays as it was
         return known
 
-    def _compile_once(self, key: bytes, gate: threading.Lock, spec: GrammarSpec, grammar: str, vocabulary: Any) -> Any:
-        """The matcher or failure of ``grammar``, compiled here unless the request holding
-        ``gate`` compiled it meanwhile."""
+    def _compile_once(self, key: bytes, gate: threading.Lock, spec: GrammarSpec, vocabulary: Any) -> Any:
+        """The matcher or failure of ``spec`` (whose ``_spec_key`` is ``key``), compiled here
+        unless the request holding ``gate`` compiled it meanwhile."""
         try:
             with gate:
                 with self._lock:
-                    known = self._known(key)
+                    known = self._kept(key)
                 if known is None:
-                    known = _compiled(spec, grammar, vocabulary)
+                    grammar = grammar_text(spec)
+                    text_key = hashlib.sha256(grammar.encode("utf-8", "surrogatepass")).digest()
+                    known = self._compile_text(text_key, spec, grammar, vocabulary)
                     with self._lock:
-                        self._keep(key, known)
+                        self._texts[key] = text_key
+                        while len(self._texts) > COMPILED_KEPT:
+                            self._texts.popitem(last=False)
                 return known
         finally:
             with self._lock:
                 self._compiling.pop(key, None)
 
+    def _compile_text(self, text_key: bytes, spec: GrammarSpec, grammar: str, vocabulary: Any) -> Any:
+        """The matcher or failure of ``grammar`` (hashed ``text_key``): kept (another spec may
+        give the same text), or compiled once no other compile is running."""
+        with self._lock:
+            known = self._known(text_key)
+        if known is not None:
+            return known
+        with self._compile_lock:
+            with self._lock:  # kept meanwhile by a compile of another spec of the same text
+                known = self._known(text_key)
+            if known is None:
+                known = _compiled(spec, grammar, vocabulary)
+                with self._lock:
+                    self._keep(text_key, known)
+            return known
+
+    def _kept(self, key: bytes) -> Any:
+        """The kept matcher or failure of the spec whose ``_spec_key`` is ``key``, None if
+        none is kept (call under the lock)."""
+        text_key = self._texts.get(key)
+        if text_key is None:
+            return None
+        self._texts.move_to_end(key)
+        return self._known(text_key)
+
     def _known(self, key: bytes) -> Any:
-        """The kept matcher or failure of ``key``, None if none is kept (call under the lock)."""
+        """The kept matcher or failure of the grammar text hashed ``key``, None if none is kept
+        (call under the lock)."""
         known = self._compiled.get(key)
         if known is not None:
             self._compiled.move_to_end(key)
@@ -260,6 +298,15 @@ class Grammars:
             return constraint
         vocabulary = self.vocabulary()
         return Triggered(constraint, spec.trigger, self._spelling, lambda text: list(vocabulary.tokenize_bytes(text)))
+
+
+def _spec_key(spec: GrammarSpec) -> bytes:
+    """A hash of what ``grammar_text`` reads of ``spec`` (its kind and text), found without
+    building the grammar."""
+    digest = hashlib.sha256(spec.kind.encode("utf-8"))
+    digest.update(b"\0")
+    digest.update(spec.text.encode("utf-8", "surrogatepass"))
+    return digest.digest()
 
 
 def _compiled(spec: GrammarSpec, grammar: str, vocabulary: Any) -> Any:

@@ -76,9 +76,12 @@ class EncodedPrediction:
     offsets: dict[int, int]
 
 
-def encode_prediction(tokenizer: Tokenizer, source: str) -> EncodedPrediction:
-    """``source`` encoded as plain text (no string in it becomes a control token) and read back."""
-    ids = tokenizer.encode(source, add_special_tokens=False, parse_special=False) if source else []
+def encode_prediction(tokenizer: Tokenizer, source: str, ids: Sequence[int] | None = None) -> EncodedPrediction:
+    """``source`` encoded as plain text (no string in it becomes a control token) and read back;
+    ``ids``: its ids where they were encoded so already (a server's check of its size), so that
+    it is not tokenized a second time."""
+    if ids is None:
+        ids = tokenizer.encode(source, add_special_tokens=False, parse_special=False) if source else []
     text, offsets = token_offsets(tokenizer, ids) if ids else ("", {})
     return EncodedPrediction(source, tuple(ids), text, offsets)
 

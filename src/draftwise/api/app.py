@@ -126,10 +126,10 @@ def _add_v1_routes(app: FastAPI, service: Service, guarded: list[Any], fingerpri
         """Complete a prompt (OpenAI `completions`); `stream: true` answers with SSE chunks."""
         service.check_model(body.model)
         parse_special = service.settings.parse_special
-        prompt = await service.encode(
+        encoded = await service.encode(
             body, lambda limit: encode_completion(body, service.tokenizer, service.vocab_size, parse_special, limit)
         )
-        return await service.generate(body, prompt, completion_shape, http)
+        return await service.generate(body, encoded, completion_shape, http)
 
     @_openai_route(
         app,
@@ -142,8 +142,8 @@ def _add_v1_routes(app: FastAPI, service: Service, guarded: list[Any], fingerpri
     async def chat_completions(body: s.ChatCompletionRequest, http: Request) -> Any:
         """Answer a conversation with the target's chat template (OpenAI `chat.completions`)."""
         service.check_model(body.model)
-        prompt = await service.encode(body, lambda limit: encode_chat(body, service.tokenizer, limit))
-        return await service.generate(body, prompt, chat_shape, http)
+        encoded = await service.encode(body, lambda limit: encode_chat(body, service.tokenizer, limit))
+        return await service.generate(body, encoded, chat_shape, http)
 
     _add_model_routes(app, service, guarded)
 

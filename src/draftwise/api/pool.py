@@ -215,13 +215,15 @@ class SlotPool:
         config: GenerationConfig,
         drafter: DrafterName,
         cache_prompt: bool = True,
+        prediction_ids: Sequence[int] | None = None,
     ) -> AsyncIterator[StepEvent]:
         """Wait for a slot, generate on it in the scheduler's rounds, and yield its step
         events. With ``cache_prompt``, the slot keeps what its target still holds of the
-        prompt's start."""
+        prompt's start. ``prediction_ids``: the config's prediction's ids where the request's
+        check read them already (``check_prediction``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout - (time.perf_counter() - job.arrived)
-        prediction = await self._prediction(config)  # before taking a slot: encoding holds none
+        prediction = await self._prediction(config, prediction_ids)  # before taking a slot: encoding holds none
         try:
             await asyncio.wait_for(self._free.acquire(), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
@@ -263,16 +265,17 @@ class SlotPool:
             # already ended.
             job.cancel("disconnect")
 
-    async def _prediction(self, config: GenerationConfig) -> EncodedPrediction | None:
-        """The request's prediction, encoded on the setup thread; None without one (or
-        without a tokenizer, which the engine refuses as it always has)."""
+    async def _prediction(self, config: GenerationConfig, ids: Sequence[int] | None) -> EncodedPrediction | None:
+        """The request's prediction, encoded on the setup thread (its ``ids``, where it was
+        tokenized already, read back there); None without one (or without a tokenizer, which
+        the engine refuses as it always has)."""
         if config.prediction is None or not self._slots:
             return None
         tokenizer = self._slots[0].target.tokenizer
         if tokenizer is None:
             return None
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._setup, encode_prediction, tokenizer, config.prediction)
+        return await loop.run_in_executor(self._setup, encode_prediction, tokenizer, config.prediction, ids)
 
     def close(self) -> None:
         """Stop every generation after the round under way."""

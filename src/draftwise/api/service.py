@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -66,6 +67,15 @@ async def _close_on_disconnect(http: Request, job: Job) -> None:
     job.close("disconnect")
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A request's prompt ids, and its prediction's where the admission check read them
+    (``check_prediction``): the generation takes those rather than tokenizing it again."""
+
+    prompt: list[int]
+    prediction: list[int] | None = None
+
+
 class Service:
     """The request-handling logic behind the routes."""
 
@@ -95,11 +105,12 @@ class Service:
         # go on meanwhile. Two threads: one large prompt does not hold up every other.
         self.text_work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="draftwise-text")
 
-    async def encode(self, request: GenerationRequest, work: Callable[[int | None], list[int]]) -> list[int]:
-        """``work(limit)``'s prompt ids, off the event loop. A prompt that cannot fit the
-        context is refused before the tokenizer's work: here when its text is longer than the
-        context could hold even in the vocabulary's longest tokens, in ``work`` when it holds
-        more markup and text pieces than the context has positions."""
+    async def encode(self, request: GenerationRequest, work: Callable[[int | None], list[int]]) -> Encoded:
+        """``work(limit)``'s prompt ids (and the prediction's, where its check read them), off
+        the event loop. A prompt that cannot fit the context is refused before the tokenizer's
+        work: here when its text is longer than the context could hold even in the
+        vocabulary's longest tokens, in ``work`` when it holds more markup and text pieces
+        than the context has positions."""
         limit = self.context_limit
         size = prompt_bytes(request)
         if limit is not None and size > limit * self.token_bytes_max:
@@ -109,11 +120,11 @@ class Service:
                 f"bytes holds more (no token of this model is longer than {self.token_bytes_max} bytes)",
             )
 
-        def prompt_and_prediction(limit: int | None) -> list[int]:
+        def prompt_and_prediction(limit: int | None) -> Encoded:
             prompt = work(limit)
-            check_prediction(request, self.tokenizer, len(prompt), limit, self.token_bytes_max)
+            prediction = check_prediction(request, self.tokenizer, len(prompt), limit, self.token_bytes_max)
             check_grammar(request, self.grammars)
-            return prompt
+            return Encoded(prompt, prediction)
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self.text_work, prompt_and_prediction, limit)
@@ -131,7 +142,8 @@ class Service:
                 code="model_not_found",
             )
 
-    async def generate(self, request: GenerationRequest, prompt: list[int], shape: Shape, http: Request) -> Any:
+    async def generate(self, request: GenerationRequest, encoded: Encoded, shape: Shape, http: Request) -> Any:
+        prompt = encoded.prompt
         request_plan = plan(request, prompt, self.settings, self.context_limit, self.has_draft)
         try:
             job = self.pool.admit()
@@ -145,7 +157,12 @@ class Service:
             ) from exc
         self.metrics.prompt_tokens.inc(len(prompt))
         events = self.pool.run(
-            job, request_plan.prompt, request_plan.config, request_plan.drafter, request_plan.cache_prompt
+            job,
+            request_plan.prompt,
+            request_plan.config,
+            request_plan.drafter,
+            request_plan.cache_prompt,
+            prediction_ids=encoded.prediction,
         )
         transcript = Transcript(request_plan, self.tokenizer, job)
         rid = f"{shape.id_prefix}-{uuid.uuid4().hex}"

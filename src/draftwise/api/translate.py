@@ -132,19 +132,22 @@ def prompt_bytes(request: GenerationRequest) -> int:
 
 def check_prediction(
     request: GenerationRequest, tokenizer: Tokenizer, prompt_tokens: int, limit: int | None, token_bytes_max: int
-) -> None:
+) -> list[int] | None:
     """Refuse a prediction that cannot fit in what the context leaves after the prompt (an
     answer that followed it would run out of room): by its size in bytes first, before
-    tokenizing, then by its tokens."""
+    tokenizing, then by its tokens. Returns its ids where it read them (as
+    ``encode_prediction`` does), for the generation, so that it is tokenized once; None where
+    it did not (no prediction, or no limit to check it against)."""
     if request.prediction is None or limit is None:
-        return
+        return None
     text, room = request.prediction.text, limit - prompt_tokens
     size = len(text.encode("utf-8"))
-    tokens = (
-        len(tokenizer.encode(text, add_special_tokens=False, parse_special=False))
+    ids = (
+        list(tokenizer.encode(text, add_special_tokens=False, parse_special=False))
         if size <= room * token_bytes_max
         else None
     )
+    tokens = None if ids is None else len(ids)
     if tokens is None or tokens > room:
         held = f"{tokens} tokens" if tokens is not None else f"{size} bytes, more than {room} tokens can hold"
         raise APIError(
@@ -154,6 +157,7 @@ def check_prediction(
             param="prediction",
             code="context_length_exceeded",
         )
+    return ids
 
 
 def offers_tools(request: GenerationRequest) -> TypeGuard[ChatCompletionRequest]:
