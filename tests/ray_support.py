@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from draftwise.cluster.runtime import ray_session
-from draftwise.serving import RayOptions
+from draftwise.scale import RayOptions
 
 from cli_support import free_port
 

@@ -34,7 +34,7 @@ PACKAGE = Path(draftwise.__file__).parent
 # Lowest first. Each layer is a tuple of units; each unit a package or a set of modules.
 LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     # the foundation, importing no other draftwise module: errors, settings, the CPU, the model seam
-    (("draftwise.errors", "draftwise.config", "draftwise.cpu", "draftwise.lm", "draftwise.serving"),),
+    (("draftwise.errors", "draftwise.config", "draftwise.cpu", "draftwise.lm", "draftwise.scale"),),
     # text over the model seam (chat prompts, other vocabularies, stops); the packaged models;
     # the HTTP guards both servers share
     (

@@ -33,7 +33,7 @@ from draftwise.engine import SpeculativeEngine
 from draftwise.prepare import prepare_pair
 from draftwise.remote.client import connect
 from draftwise.remote.settings import VerifierSettings
-from draftwise.serving import BenchWorkers, ServeScale
+from draftwise.scale import BenchWorkers, ServeScale
 
 from ray_support import LocalRay, inet_sockets, is_loopback, needs_ray
 from server_support import serve_in_background

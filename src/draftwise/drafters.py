@@ -468,18 +468,18 @@ def text_bridge(target_tokenizer: Tokenizer | None, draft: LanguageModel | None)
     return None if shares_vocabulary(target_tokenizer, draft.tokenizer) else target_tokenizer
 
 
-def model_drafter(draft: LanguageModel, through: Tokenizer | None = None) -> ModelDrafter | CrossVocabDrafter:
-    """The drafter of a draft model: through text, to the vocabulary of ``through`` (see
+def model_drafter(draft: LanguageModel, target_tokenizer: Tokenizer | None = None) -> ModelDrafter | CrossVocabDrafter:
+    """The drafter of a draft model: through text, to the vocabulary of ``target_tokenizer`` (see
     ``text_bridge``), or proposing its own ids."""
-    return ModelDrafter(draft) if through is None else CrossVocabDrafter(draft, through)
+    return ModelDrafter(draft) if target_tokenizer is None else CrossVocabDrafter(draft, target_tokenizer)
 
 
-def build_drafter(kind: DrafterKind, draft: LanguageModel | None, through: Tokenizer | None = None) -> Drafter:
+def build_drafter(kind: DrafterKind, draft: LanguageModel | None, target_tokenizer: Tokenizer | None = None) -> Drafter:
     """The drafter called ``kind``, drafting with ``draft`` where it needs a model (through
-    text to the vocabulary of ``through``, see ``text_bridge``)."""
+    text to the vocabulary of ``target_tokenizer``, see ``text_bridge``)."""
     if kind == NGRAM:
         return NGramDrafter()
     if draft is None:
         raise ValueError(f"drafter {kind!r} needs a draft model")
-    model = model_drafter(draft, through)
+    model = model_drafter(draft, target_tokenizer)
     return HybridDrafter(model) if kind == "hybrid" else model

@@ -50,13 +50,13 @@ class GenerationTimeout(DraftwiseError):
     status = 504
 
 
-def make_drafter(name: DrafterName, draft: LanguageModel | None, through: Tokenizer | None) -> Drafter | None:
-    """The drafter a request asked for (``through``: see ``text_bridge``); ``None`` is plain
+def make_drafter(name: DrafterName, draft: LanguageModel | None, target_tokenizer: Tokenizer | None) -> Drafter | None:
+    """The drafter a request asked for (``target_tokenizer``: see ``text_bridge``); ``None`` is plain
     decoding. A drafter that needs a draft model never comes here without one: ``plan``
     (``draftwise.api.translate``) refuses it first, with a 400."""
     if name == "off":
         return None
-    return build_drafter(name, draft, through)
+    return build_drafter(name, draft, target_tokenizer)
 
 
 @dataclass
@@ -71,14 +71,14 @@ class Slot:
     # one profile for the server's slots, whose passes run together.
     profile: CostProfile = field(default_factory=CostProfile)
     # The target's tokenizer where the draft speaks another vocabulary (see text_bridge).
-    through: Tokenizer | None = None
+    target_tokenizer: Tokenizer | None = None
     # Compiles requests' grammars for the target's vocabulary (one for every slot).
     grammars: Grammars | None = None
 
     def engine(self, drafter: DrafterName, prediction: EncodedPrediction | None = None) -> SpeculativeEngine:
         """An engine for one request (``prediction``: its prediction, encoded ahead: a config
         with none then goes with it)."""
-        chosen = make_drafter(drafter, self.draft, self.through)
+        chosen = make_drafter(drafter, self.draft, self.target_tokenizer)
         if prediction is not None:
             assert self.target.tokenizer is not None  # a server's target has one
             chosen = predicting(chosen, self.target.tokenizer, prediction)
@@ -105,10 +105,13 @@ def build_slots(
     def fork(lm: LanguageModel | None, i: int) -> LanguageModel | None:
         return lm if lm is None or i == 0 else lm.fork()
 
-    through = text_bridge(target.tokenizer, draft)  # forks share their models' tokenizers
+    target_tokenizer = text_bridge(target.tokenizer, draft)  # forks share their models' tokenizers
     grammars = grammars_of(target)
     shared = copy.deepcopy(profile) if profile is not None else CostProfile()
-    return [Slot(cast(LanguageModel, fork(target, i)), fork(draft, i), shared, through, grammars) for i in range(count)]
+    return [
+        Slot(cast(LanguageModel, fork(target, i)), fork(draft, i), shared, target_tokenizer, grammars)
+        for i in range(count)
+    ]
 
 
 class Job:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig, ModelOptions
-from draftwise.serving import ServeScale
+from draftwise.scale import ServeScale
 
 
 class ServerSettings(BaseModel):

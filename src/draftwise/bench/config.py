@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig, ModelOptions
 from draftwise.errors import DraftwiseError
-from draftwise.serving import BenchWorkers
+from draftwise.scale import BenchWorkers
 
 # draftwise's own methods are plain decoding ("baseline") and one per drafter that drafts
 # (draftwise.config.DrafterKind); the anchors are other projects' decoding loops on the same

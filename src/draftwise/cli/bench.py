@@ -33,7 +33,7 @@ from draftwise.cli.options import (
     with_model_options,
 )
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
-from draftwise.serving import BenchWorkers
+from draftwise.scale import BenchWorkers
 
 if TYPE_CHECKING:
     from draftwise.bench.runner import Measure

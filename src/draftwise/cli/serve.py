@@ -25,7 +25,7 @@ from draftwise.cli.options import (
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
 from draftwise.prepare import recommended
 from draftwise.registry import DEFAULT_TARGET
-from draftwise.serving import API_KEY_ENV, ServeScale
+from draftwise.scale import API_KEY_ENV, ServeScale
 
 _ON_RAY = (
     "run on Ray Serve: replicas behind one endpoint, on a local Ray (127.0.0.1) or --ray-address (needs draftwise[ray])"

@@ -23,7 +23,7 @@ from draftwise.cli.options import (
 )
 from draftwise.config import ModelOptions
 from draftwise.remote.settings import API_KEY_ENV, VerifierSettings
-from draftwise.serving import ServeScale
+from draftwise.scale import ServeScale
 
 FLAGS = (
     Flags(

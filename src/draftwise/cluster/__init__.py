@@ -14,6 +14,6 @@ the one-machine code (``api.app.create_app``, ``remote.sessions.VerifierService`
 * ``fleet``: what the replicas share (a board of their latest reports) and the Serve plumbing;
 * ``runtime``: joining a cluster, or starting a local Ray bound to 127.0.0.1.
 
-The settings of all of them (``ServeScale``, ``BenchWorkers``) are in ``draftwise.serving``,
+The settings of all of them (``ServeScale``, ``BenchWorkers``) are in ``draftwise.scale``,
 below the servers and the bench that carry them.
 """

@@ -27,7 +27,7 @@ from draftwise.bench.runner import Bench, Recorder, UnitRunner, load_models, uni
 from draftwise.bench.store import Record
 from draftwise.cluster.runtime import NAMESPACE, ClusterError, ray_session
 from draftwise.errors import DraftwiseError
-from draftwise.serving import BenchWorkers
+from draftwise.scale import BenchWorkers
 
 WORKER_PREFIX = "draftwise-bench"  # workers are named actors: WORKER_PREFIX-RUN-N, in NAMESPACE
 # With no worker running a unit, how long the bench waits for one to start (load its models).

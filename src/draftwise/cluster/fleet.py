@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 from draftwise.cluster.runtime import LOOPBACK, NAMESPACE, ClusterError, ray_session, require_ray, require_serve
-from draftwise.serving import ServeScale
+from draftwise.scale import ServeScale
 
 REPORT_EVERY_S = 1.0
 STALE_AFTER_S = 15.0

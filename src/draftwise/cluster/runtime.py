@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from draftwise.errors import DraftwiseError
-from draftwise.serving import RayOptions
+from draftwise.scale import RayOptions
 
 RAY_INSTALL = "pip install 'draftwise[ray]'"
 NAMESPACE = "draftwise"  # Ray namespace of draftwise's own named actors (Serve keeps its own, "serve")

@@ -18,7 +18,7 @@ from typing import Any
 
 from draftwise.api.settings import ServerSettings
 from draftwise.cluster.fleet import FleetReplica, Report, deployment_options, replica_log, serve_fleet
-from draftwise.serving import ServeScale
+from draftwise.scale import ServeScale
 
 APP = "draftwise"
 # A replica is sent this many requests beyond its slots and queue, so that an overfull replica

@@ -23,7 +23,7 @@ from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import Affinity, Health, OpenSession, ServerInfo, SessionOpened
 from draftwise.remote.sessions import VerifierService
 from draftwise.remote.settings import VerifierSettings
-from draftwise.serving import ServeScale
+from draftwise.scale import ServeScale
 
 APP = "draftwise-verifier"
 # Serve's router reads the multiplexed model ID from this header.

@@ -20,7 +20,7 @@ from draftwise.dashboard.client import API_URL_ENV, DEFAULT_API_URL, ApiClient, 
 from draftwise.dashboard.live import ACCEPTED, BONUS, CORRECTED, LiveRun, compare
 from draftwise.dashboard.render import LINE_COLOURS, legend_html, tokens_html
 from draftwise.dashboard.report import ReportError, load_bench, method_table, record_table
-from draftwise.serving import API_KEY_ENV
+from draftwise.scale import API_KEY_ENV
 
 BENCH_DIR_ENV = "DRAFTWISE_BENCH_DIR"
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from draftwise.config import ModelOptions
-from draftwise.serving import ServeScale
+from draftwise.scale import ServeScale
 
 API_KEY_ENV = "DRAFTWISE_VERIFIER_API_KEY"  # read by serve-verifier and by the client
 

@@ -1,4 +1,4 @@
-"""Settings the servers and the bench share, below every service that reads them.
+"""Scale-out settings the servers and the bench share, below every service that reads them.
 
 How a server or the bench spreads over Ray (``--ray``, ``--ray-address``, ``--replicas`` and
 the rest) is one source of truth here. The settings hang off the ones they extend
