@@ -231,7 +231,7 @@ class SlotPool:
             await asyncio.wait_for(self._free.acquire(), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             job.close("timeout")
-            raise GenerationTimeout(f"no worker became free within {self.timeout:g} s") from None
+            raise GenerationTimeout(f"no slot became free within {self.timeout:g} s") from None
         if job.state != "queued":  # closed while it waited
             self._free.release()
             return
