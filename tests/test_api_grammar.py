@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 
 from draftwise.api.app import create_app  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
-from draftwise.grammar import REASON_CHARS  # noqa: E402
+from draftwise.constraint import REASON_CHARS  # noqa: E402
 from draftwise.prepare import Pair  # noqa: E402
 from grammar_support import LATE_DEAD_END, UNFINISHABLE, count_compiles, optional_properties  # noqa: E402
 

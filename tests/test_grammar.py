@@ -20,16 +20,10 @@ from draftwise.api.tools import CallStream, held_back, parse_tool_calls, tool_ca
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
 from draftwise.constrained import Constrained
+from draftwise.constraint import REASON_CHARS, GrammarDeadEnd, GrammarError, llguidance_reason
 from draftwise.drafters import ModelDrafter, NGramDrafter, build_drafter
 from draftwise.engine import grammars_of
-from draftwise.grammar import (
-    GRAMMAR,
-    REASON_CHARS,
-    GrammarDeadEnd,
-    GrammarError,
-    Grammars,
-    llguidance_reason,
-)
+from draftwise.grammar import GRAMMAR, Grammars
 from draftwise.lm import drive
 from draftwise.offers import PLAIN, Choice
 from draftwise.target import LocalTarget

@@ -46,8 +46,8 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("draftwise.verify", "draftwise.events", "draftwise.metrics"),),
     # below the drafters, each apart: the draft policies (which source drafts, how many tokens),
     # with what they are offered and learn (offers) and the costs they measure (profile); and a
-    # request's grammar compiled to masks and forced tokens (llguidance)
-    (("draftwise.offers", "draftwise.profile", "draftwise.policies"), ("draftwise.grammar",)),
+    # request's grammar compiled (grammar) to one stream's masks and forced tokens (constraint)
+    (("draftwise.offers", "draftwise.profile", "draftwise.policies"), ("draftwise.constraint", "draftwise.grammar")),
     # the drafters: the protocol every proposer speaks; model drafters (by ids or text), n-grams
     (("draftwise.drafters",),),
     # what stands on the drafters, each apart: predicted outputs, drafting under a grammar, the

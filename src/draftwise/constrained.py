@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from draftwise.constraint import Constraint, Triggered
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal
-from draftwise.grammar import GRAMMAR, Constraint, Triggered
+from draftwise.grammar import GRAMMAR
 from draftwise.lm import Passes
 from draftwise.offers import Offer
 from draftwise.verify import Verdict

@@ -18,10 +18,11 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.constrained import Constrained
+from draftwise.constraint import Constraint, Triggered
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, model_drafter, text_bridge
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
-from draftwise.grammar import Constraint, Grammars, Triggered
+from draftwise.grammar import Grammars
 from draftwise.lm import Forward, LanguageModel, Tokenizer, run_alone
 from draftwise.metrics import GenerationMetrics
 from draftwise.offers import PLAIN, Choice, Outcome

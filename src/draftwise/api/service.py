@@ -38,8 +38,9 @@ from draftwise.api.translate import (
     prompt_bytes,
 )
 from draftwise.chat import PromptTooLong
+from draftwise.constraint import GrammarError
 from draftwise.events import StepEvent
-from draftwise.grammar import GrammarError, Grammars
+from draftwise.grammar import Grammars
 from draftwise.lm import LanguageModel, Tokenizer, longest_token
 
 

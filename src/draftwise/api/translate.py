@@ -31,7 +31,8 @@ from draftwise.config import (
     GrammarSpec,
     SamplingConfig,
 )
-from draftwise.grammar import GrammarDeadEnd, GrammarError, Grammars
+from draftwise.constraint import GrammarDeadEnd, GrammarError
+from draftwise.grammar import Grammars
 from draftwise.lm import Tokenizer
 
 

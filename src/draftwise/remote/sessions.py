@@ -27,10 +27,10 @@ import torch
 from pydantic import ValidationError
 
 from draftwise.config import GenerationConfig, GrammarSpec, SamplingConfig
+from draftwise.constraint import Constraint, GrammarError, Triggered
 from draftwise.drafters import Proposal
 from draftwise.engine import grammars_of, seeded_generators
 from draftwise.errors import DraftwiseError, SlotsFullError, validation_message
-from draftwise.grammar import Constraint, GrammarError, Triggered
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import (
     PROTOCOL_VERSION,
