@@ -3,6 +3,7 @@ measured expected tokens per second, tested in closed form and against simulated
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -436,3 +437,17 @@ def test_the_draft_models_own_passes_price_its_tokens_not_the_rounds_it_waited()
     assert profile.draft_token_seconds["model"] == pytest.approx(0.01)
     profile.learn(Outcome(Choice(LOOKUP, 2), 2, 2, 0.002, 0.1))  # no model: the wall time stands
     assert profile.draft_token_seconds["ngram"] == pytest.approx(0.001)
+
+
+def test_over_a_profile_s_generations_exploration_loses_one_opening_and_the_allowance():
+    # A server's requests share one profile. Ten in a row are each offered a lookup none has a
+    # record of, and none ever pays: together they lose no more than one opening and the
+    # allowance of their time, where a budget opened for each would lose an opening each.
+    profile = host(AMD).profile
+    seconds = tokens = 0.0
+    for n in range(10):
+        policy = CostAwareK(DraftConfig(k_max=12), profile)
+        _, spent, emitted = simulate(policy, Offer("ngram", key=f"ngram:{n}", cost_hint=0.0), [0.0], AMD, 5)
+        seconds, tokens = seconds + spent, tokens + emitted
+    plain = AMD[1] / 1000
+    assert 0 < seconds - tokens * plain <= CostAwareK.OPENING * plain + CostAwareK.ALLOWANCE * seconds

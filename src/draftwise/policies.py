@@ -115,7 +115,9 @@ class CostAwareK:
        against plain decoding when nothing is kept; the budget pays only for steps that lost.
        It opens full, at ``OPENING`` plain tokens' time, and refills at ``ALLOWANCE`` of the
        time decoded: an unknown source is tried early, a hopeless one only as often as the
-       refills pay for its failures.
+       refills pay for its failures. The budget is the profile's (``CostProfile.budget``): a
+       server's streams and requests, or a bench's prompts, share one, so it opens once for
+       all of them, and the streams of a round refill it together at ``ALLOWANCE`` of its time.
     5. **Guard.** The account starts at zero; every step pays ``ALLOWANCE`` of its time into it,
        and every drafting step what it earned against plain decoding: the tokens its rounds
        emitted times the measured time of a plain token, less its own measured time (negative
@@ -163,7 +165,6 @@ class CostAwareK:
         self.k_long = max(config.k_max, config.k_long)
         self.profile = profile or CostProfile()
         self.account = 0.0  # seconds drafting is ahead of plain decoding, plus the allowance
-        self.budget: float | None = None  # seconds exploration may still lose (opens at the first choice)
         self.others_rows = self.profile.others_rows  # rows of other streams in the last pass ours rode in
         self.others_streams = self.profile.others_streams  # and the streams they belong to
         # This stream's acceptance, from the last generation's (a prompt of its own may differ).
@@ -238,8 +239,8 @@ class CostAwareK:
         if plain.seconds <= 0:
             self.weighed = (plain,)
             return PLAIN  # one plain step first: it measures what drafting has to beat
-        if self.budget is None:
-            self.budget = self.OPENING / plain.rate
+        if self.profile.budget is None:
+            self.profile.budget = self.OPENING / plain.rate
         priced = sorted((a for o in offers for a in self.arms(o, remaining)), key=lambda a: -a.rate)
         best = priced[0] if priced and priced[0].rate > plain.rate else plain
         taken = self._take(offers, remaining, best, plain, priced)
@@ -254,8 +255,8 @@ class CostAwareK:
             # grammar's forced tokens alone (sure, and free to draft) still goes where it pays.
             sure = [a for a in priced if a.choice.offer is not None and a.choice.k <= a.choice.offer.sure]
             return max(sure, key=lambda a: a.rate) if sure and max(a.rate for a in sure) > plain.rate else plain
-        assert self.budget is not None  # opened at the first choice
-        budget = self.budget
+        budget = self.profile.budget
+        assert budget is not None  # opened at the first choice
         hopes = (a for o in offers for a in self.arms(o, remaining, optimistic=True))
         affordable = [a for a in hopes if a.rate > best.rate and a.seconds - a.failed / plain.rate <= budget]
         return max(affordable, key=lambda a: a.rate) if affordable else best
@@ -272,16 +273,17 @@ class CostAwareK:
             self.plain_token = decayed(self.plain_token, outcome.verify_seconds / streams)
         plain = self.plain().rate
         plain_token = self.plain_token or (1 / plain if plain > 0 else outcome.verify_seconds / streams)
-        if self.budget is not None:
-            self.budget = min(self.budget + self.ALLOWANCE * seconds / streams, self.OPENING * plain_token)
+        profile = self.profile
+        if profile.budget is not None:
+            profile.budget = min(profile.budget + self.ALLOWANCE * seconds / streams, self.OPENING * plain_token)
         if offer is None:
             return
         rounds = max(0, outcome.n_proposed - offer.sure) if offer.passes else 0
         emitted = (streams - 1) * (1 + rounds) + outcome.n_accepted + 1  # every stream's, in its rounds
         earned = emitted * plain_token - seconds
         self.account += earned
-        if self.budget is not None and earned < 0:
-            self.budget += earned  # a probe's loss, or a drafting step's that the estimates got wrong
+        if profile.budget is not None and earned < 0:
+            profile.budget += earned  # a probe's loss, or a drafting step's that the estimates got wrong
         # Only the tokens after the forced ones, where the forced ones were kept, tell the
         # source's acceptance.
         if outcome.n_proposed <= offer.sure or outcome.n_accepted < offer.sure:

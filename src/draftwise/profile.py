@@ -180,6 +180,11 @@ class CostProfile:
     # the next generation starts from the load the last one saw, not from an empty machine.
     others_rows: int = 0
     others_streams: int = 0
+    # Seconds exploration may still lose (``CostAwareK``, step 4), for every stream and
+    # generation of this profile together: it opens once, at the first choice, not once a
+    # request, so that a server's requests do not each pay again to learn what drafting is
+    # worth on this host.
+    budget: float | None = None
     # The shared pass learnt last: every stream in a pass reports it, and it counts once.
     _last_shared: PassInfo | None = field(default=None, repr=False)
 

@@ -22,11 +22,25 @@ class Shape:
     with the server's ``system_fingerprint``."""
 
     id_prefix = ""
+    response_type: type[BaseModel] = BaseModel  # the endpoint's whole response
 
     def __init__(self, fingerprint: str) -> None:
         self.fingerprint = fingerprint
 
     def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
+        return self.response_type(
+            id=rid,
+            created=created,
+            model=model,
+            system_fingerprint=self.fingerprint,
+            choices=[self.choice(t)],
+            usage=t.usage(),
+            speculative=t.stats(),
+            provenance=t.provenance if t.plan.provenance else None,
+        )
+
+    def choice(self, t: Transcript) -> BaseModel:
+        """The one choice of a finished answer, as this endpoint writes it."""
         raise NotImplementedError
 
     def opening(self, rid: str, created: int, model: str) -> Any:
@@ -42,18 +56,10 @@ class Shape:
 
 class CompletionShape(Shape):
     id_prefix = "cmpl"
+    response_type = r.CompletionResponse
 
-    def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
-        return r.CompletionResponse(
-            id=rid,
-            created=created,
-            model=model,
-            system_fingerprint=self.fingerprint,
-            choices=[r.CompletionChoice(text="".join(t.text), finish_reason=t.finish_reason)],
-            usage=t.usage(),
-            speculative=t.stats(),
-            provenance=t.provenance if t.plan.provenance else None,
-        )
+    def choice(self, t: Transcript) -> BaseModel:
+        return r.CompletionChoice(text="".join(t.text), finish_reason=t.finish_reason)
 
     def chunk(self, rid: str, created: int, model: str, text: str | None, finish: str | None) -> r.CompletionChunk:
         choices = [] if text is None else [r.CompletionChoice(text=text, finish_reason=finish)]
@@ -64,18 +70,10 @@ class CompletionShape(Shape):
 
 class ChatShape(Shape):
     id_prefix = "chatcmpl"
+    response_type = r.ChatCompletionResponse
 
-    def response(self, rid: str, created: int, model: str, t: Transcript) -> BaseModel:
-        return r.ChatCompletionResponse(
-            id=rid,
-            created=created,
-            model=model,
-            system_fingerprint=self.fingerprint,
-            choices=[r.ChatChoice(message=_message(t), finish_reason=t.finish_reason)],
-            usage=t.usage(),
-            speculative=t.stats(),
-            provenance=t.provenance if t.plan.provenance else None,
-        )
+    def choice(self, t: Transcript) -> BaseModel:
+        return r.ChatChoice(message=_message(t), finish_reason=t.finish_reason)
 
     def opening(self, rid: str, created: int, model: str) -> r.ChatCompletionChunk:
         # As OpenAI and llama-server open a chat stream: the role alone, the text from the next chunk.
