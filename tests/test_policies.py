@@ -3,7 +3,6 @@ measured expected tokens per second, tested in closed form and against simulated
 
 from __future__ import annotations
 
-import copy
 import random
 
 import pytest
