@@ -18,17 +18,20 @@ import torch
 
 from draftwise.backends.tiny import tiny_lm, tiny_tokenizer
 from draftwise.config import DraftConfig, GenerationConfig, GrammarSpec, SamplingConfig
+from draftwise.constraint import REASON_CHARS, GrammarDeadEnd
 from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.errors import SlotsFullError
-from draftwise.grammar import GRAMMAR
+from draftwise.grammar import GRAMMAR, Grammars
 from draftwise.lm import drive
 from draftwise.remote.client import RemoteTarget, RemoteVerifierError, connect
 from draftwise.remote.protocol import OpenSession, decode_verify_response, encode_verify_request, tokenizer_fingerprint
 from draftwise.remote.server import create_app
 from draftwise.remote.settings import ClientSettings, VerifierSettings
 from draftwise.target import LocalTarget
+from grammar_support import LATE_DEAD_END
 
+from cli_support import run_cli_here
 from server_support import serve_in_background
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
@@ -774,3 +777,96 @@ def test_generate_cli_follows_a_json_schema_through_a_remote_verifier(url, targe
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["tokens"] == expected
+
+
+# --- a grammar's dead end mid-answer: an error, never a normal answer ------------------------------
+
+LATE_SPEC = GrammarSpec(kind="json_schema", text=json.dumps(LATE_DEAD_END))
+DEAD_END_SAYS = "the output reached a point the JSON schema cannot go past: too many alternatives"
+
+
+def _assert_one_short_line(message: str) -> None:
+    assert "\n" not in message and len(message) < 150 + REASON_CHARS, message
+    assert "<state>" not in message and "panic" not in message and "internal error" not in message
+
+
+def test_a_dead_end_mid_answer_is_a_422_with_its_code_never_an_answer(http, target_lm):
+    """A block that walks into llguidance's limit (the choice made, then an object of 3,000
+    optional properties): the verify is refused with the dead end's code, and so is every
+    later one, since no text can complete the answer."""
+    opened = http.post("/v1/sessions", json={"prompt": [1, 2, 3], "grammar": LATE_SPEC.model_dump(mode="json")})
+    assert opened.status_code == 201, opened.text
+    session = opened.json()["session_id"]
+    block = target_lm.tokenizer.encode('{"k": "a", "o": {', add_special_tokens=False)
+    for tokens in (block, ()):
+        response = _verify(http, session, tokens=tokens, keep=3)
+        assert response.status_code == 422, response.text
+        assert response.json()["code"] == "grammar_dead_end"
+        assert response.json()["detail"].startswith(DEAD_END_SAYS)
+        _assert_one_short_line(response.json()["detail"])
+
+
+def test_a_dead_end_the_verifier_meets_raises_grammar_dead_end_on_the_client(url, target_lm):
+    """No drafter: the verifier's grammar meets the dead end first (committing the target's
+    pick), and the client raises it as a local run does, never ending the run as if complete."""
+    with connect(url, tokenizer=target_lm.tokenizer) as remote:
+        engine = _remote_engine(remote, None, target_lm.tokenizer)
+        events = []
+        with pytest.raises(GrammarDeadEnd) as caught:
+            for event in engine.stream("A record: ", GenerationConfig(max_new_tokens=60, grammar=LATE_SPEC)):
+                events.append(event)
+    assert str(caught.value).startswith(DEAD_END_SAYS)
+    _assert_one_short_line(str(caught.value))
+    text = "".join(event.text for event in events)
+    assert text.startswith('{"k": "') and not any(event.finished for event in events)
+
+
+def test_generate_cli_ends_a_remote_dead_end_with_one_error_line_and_exit_2(url, tmp_path):
+    """As a local ``generate --json-schema`` does: the last line says the grammar's dead end."""
+    schema_file = tmp_path / "late.json"
+    schema_file.write_text(json.dumps(LATE_DEAD_END))
+    flags = ["--drafter", "ngram", "--verifier", url, "--max-new-tokens", "60", "--json-schema", str(schema_file)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*DRAFTWISE, "generate", *flags, "A record: "], capture_output=True, text=True, timeout=120, env=env
+    )
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert result.returncode == 2 and errors == lines[-1:], result.stderr[:2000]
+    assert errors[0].startswith(f"error: {DEAD_END_SAYS}") and "Traceback" not in result.stderr
+    _assert_one_short_line(errors[0])
+
+
+def test_generate_cli_raises_a_dead_end_only_the_verifier_meets(url, tmp_path, monkeypatch):
+    """The verifier's grammar meets a dead end the client's copy does not (a client whose copy
+    follows a looser grammar here, as one on another llguidance version, with other limits,
+    could): the verifier's 422 ends the run with the same one line and exit 2, not as a
+    verifier that failed (exit 1) nor as a complete answer."""
+    loose = GrammarSpec(kind="json_schema", text=json.dumps({"type": "object"}))
+
+    class LooserCopy:
+        """The client's grammars, following any JSON object whatever the run's grammar."""
+
+        def __init__(self, real: Grammars) -> None:
+            self.real = real
+
+        def __getattr__(self, name: str):
+            return getattr(self.real, name)
+
+        def constraint(self, spec: GrammarSpec):
+            return self.real.constraint(loose)
+
+    real_grammars = RemoteTarget.grammars
+    monkeypatch.setattr(RemoteTarget, "grammars", lambda self, tokenizer: LooserCopy(real_grammars(self, tokenizer)))
+    schema_file = tmp_path / "late.json"
+    schema_file.write_text(json.dumps(LATE_DEAD_END))
+    done = run_cli_here(
+        *("generate", "--drafter", "ngram", "--verifier", url, "--max-new-tokens", "60"),
+        *("--json-schema", str(schema_file), "A record: "),
+        env={"DRAFTWISE_HOME": str(tmp_path / "home")},
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert done.returncode == 2 and errors == lines[-1:], done.stderr[:2000]
+    assert errors[0].startswith(f"error: {DEAD_END_SAYS}")
+    _assert_one_short_line(errors[0])

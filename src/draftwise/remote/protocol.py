@@ -21,7 +21,9 @@ Response (``application/octet-stream``)::
     int32 n_accepted, int32 next_token, float32 server_seconds   # 12-byte header
     float32[k] target_probs     # p(x_i) of each proposed token
 
-Errors are JSON ``{"detail": "what is wrong"}`` with a 4xx status.
+Errors are JSON ``{"detail": "what is wrong"}`` with a 4xx status; one the client acts on
+also has a ``code``: ``grammar_dead_end`` (a 422), the answer reached a point the session's
+grammar allows no way on from (the client raises ``draftwise.constraint.GrammarDeadEnd``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     from draftwise.lm import Tokenizer
 
 PROTOCOL_VERSION = 1
+
+# The ``code`` of an error answer saying the answer's grammar reached a dead end.
+GRAMMAR_DEAD_END = "grammar_dead_end"
 
 _REQUEST_HEADER = struct.Struct("<iiii")
 _RESPONSE_HEADER = struct.Struct("<iif")
@@ -228,3 +233,8 @@ class ErrorDetail(_Strict):
     """Every error the verifier answers (4xx, and 500 for a fault of its own)."""
 
     detail: str = Field(..., description="what is wrong, in one line")
+    code: str | None = Field(
+        None,
+        description=f"set where the client acts on the kind of failure: {GRAMMAR_DEAD_END!r} (a 422), the "
+        "answer reached a point its grammar allows no way on from, so it cannot be completed",
+    )

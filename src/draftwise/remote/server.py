@@ -24,7 +24,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftwise.errors import validation_message
 from draftwise.lm import LanguageModel
-from draftwise.remote.protocol import PROTOCOL_VERSION, ErrorDetail, Health, OpenSession, ServerInfo, SessionOpened
+from draftwise.remote.protocol import (
+    GRAMMAR_DEAD_END,
+    PROTOCOL_VERSION,
+    ErrorDetail,
+    Health,
+    OpenSession,
+    ServerInfo,
+    SessionOpened,
+)
 from draftwise.remote.sessions import VerifierError, VerifierService, parse_open_session
 from draftwise.remote.settings import VerifierSettings
 from draftwise.web import (
@@ -42,8 +50,12 @@ def _open_from_body(service: VerifierService, body: bytes, content_type: str | N
     return service.open(parse_open_session(body, service.max_context, content_type))
 
 
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"detail": message}, status_code=status, headers=headers)
+def _error(
+    status: int, message: str, headers: Mapping[str, str] | None = None, code: str | None = None
+) -> JSONResponse:
+    """An error answer, ``ErrorDetail``'s shape: ``code`` only where there is one."""
+    body = {"detail": message} if code is None else {"detail": message, "code": code}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 _VERIFY_DOC = (
@@ -65,8 +77,9 @@ _OPEN_ERRORS = {
     **_BODY,
     400: "the body is no JSON object: another Content-Type, empty, not UTF-8, malformed, or nested deeper "
     f"than {MAX_JSON_DEPTH} levels",
-    422: "invalid session settings or prompt (the message names the field), or a prompt that "
-    "leaves no room under max_context",
+    422: "invalid session settings or prompt (the message names the field), a prompt that "
+    f"leaves no room under max_context, or (code {GRAMMAR_DEAD_END}) an answer so far, reopened mid-answer, "
+    "that its grammar allows no way on from",
 }
 # The open route reads its body itself (see open_session), so FastAPI does not document it.
 _OPEN_BODY = {"$ref": "#/components/schemas/OpenSession"}
@@ -77,7 +90,8 @@ _VERIFY_ERRORS = {
     **_UNKNOWN,
     409: "keep is past the session's context, or would rewrite the prompt of a session with a grammar",
     422: "a body that breaks the wire format or a limit (max_block, max_context, max_q_entries), "
-    "or token ids outside the vocabulary",
+    f"token ids outside the vocabulary, or (code {GRAMMAR_DEAD_END}) an answer that reached a point "
+    "the session's grammar allows no way on from: it cannot be completed",
 }
 
 
@@ -86,7 +100,7 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(VerifierError)
     async def _verifier_error(request: Request, exc: VerifierError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.headers)
+        return _error(exc.status, exc.message, exc.headers, exc.code)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

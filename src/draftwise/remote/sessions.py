@@ -27,12 +27,13 @@ import torch
 from pydantic import ValidationError
 
 from draftwise.config import GenerationConfig, GrammarSpec, SamplingConfig
-from draftwise.constraint import Constraint, GrammarError, Triggered
+from draftwise.constraint import Constraint, GrammarDeadEnd, GrammarError, Triggered
 from draftwise.drafters import Proposal
 from draftwise.engine import grammars_of, seeded_generators
 from draftwise.errors import DraftwiseError, SlotsFullError, validation_message
 from draftwise.lm import LanguageModel
 from draftwise.remote.protocol import (
+    GRAMMAR_DEAD_END,
     PROTOCOL_VERSION,
     Affinity,
     Health,
@@ -57,14 +58,26 @@ _Q_SUM_SLACK = 1e-3
 
 
 class VerifierError(DraftwiseError):
-    """A request the server refuses: an HTTP status (``status``, this instance's own) and a
-    message for the client."""
+    """A request the server refuses: an HTTP status (``status``, this instance's own), a
+    message for the client, and a ``code`` where the client acts on the kind of failure
+    (``protocol.GRAMMAR_DEAD_END``)."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, headers: dict[str, str] | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
+        self.code = code
+
+
+def dead_end(exc: GrammarDeadEnd) -> VerifierError:
+    """The answer to a verify whose answer reached a point its grammar allows no way on from:
+    a 422 with its own code, as a bad grammar is a 422 (the request's grammar fails, not the
+    server), and never a normal verdict, which would pass text the grammar refuses off as
+    valid. The code tells the client to raise ``GrammarDeadEnd``, as a local run does."""
+    return VerifierError(422, str(exc), code=GRAMMAR_DEAD_END)
 
 
 @dataclass
@@ -191,6 +204,8 @@ class VerifierService:
         try:
             constraint = self.grammars.constraint(grammar)
             constraint.commit(context[answer_start:])
+        except GrammarDeadEnd as exc:  # a session opened again on an answer that has run into it
+            raise dead_end(exc) from None
         except GrammarError as exc:
             raise VerifierError(422, str(exc)) from None
         return constraint
@@ -292,8 +307,7 @@ class VerifierService:
             kept = request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
             session.context = context + kept
             session.verified = True
-            if session.constraint is not None:
-                session.constraint.commit(kept)
+            self._commit(session, kept)
         return encode_verify_response(
             verdict.n_accepted, verdict.next_token, time.perf_counter() - started, check.target_token_probs
         )
@@ -314,7 +328,22 @@ class VerifierService:
                 )
             session.constraint = self._follow(session.grammar, context, session.answer_start)
             assert session.constraint is not None
-        return session.constraint.masks(request.tokens.tolist())
+        try:
+            return session.constraint.masks(request.tokens.tolist())
+        except GrammarDeadEnd as exc:  # the answer so far, or the drafted block, ran into it
+            raise dead_end(exc) from None
+
+    @staticmethod
+    def _commit(session: _Session, kept: list[int]) -> None:
+        """Walk the session's grammar (if any) through the tokens a verify kept. Where the
+        target's pick leads the grammar into a dead end the verify answers with it (a 422 with
+        its code), not with the verdict: a local run raises there too, the token unshown."""
+        if session.constraint is None:
+            return
+        try:
+            session.constraint.commit(kept)
+        except GrammarDeadEnd as exc:
+            raise dead_end(exc) from None
 
     def _take(self, session_id: str) -> _Session:
         """The session to verify on, marked as just used; 404 when it is not held here."""

@@ -14,9 +14,17 @@ from typing import Any
 import httpx
 
 from draftwise.config import GrammarSpec, SamplingConfig
-from draftwise.errors import TargetError
+from draftwise.constraint import GrammarDeadEnd
+from draftwise.errors import DraftwiseError, TargetError
 from draftwise.lm import common_prefix
-from draftwise.remote.protocol import PROTOCOL_VERSION, OpenSession, ServerInfo, SessionOpened, encode_verify_request
+from draftwise.remote.protocol import (
+    GRAMMAR_DEAD_END,
+    PROTOCOL_VERSION,
+    OpenSession,
+    ServerInfo,
+    SessionOpened,
+    encode_verify_request,
+)
 from draftwise.remote.settings import API_KEY_ENV, ClientSettings
 
 # A fleet (``ServerInfo.routing_header``): how long a verify whose session the answering replica
@@ -86,17 +94,27 @@ class VerifierConnection:
                 f"cannot reach the verifier at {self.url}: {exc}", unavailable=isinstance(exc, _DROPPED)
             ) from exc
         if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except (ValueError, AttributeError):  # not JSON, or JSON but not an object (a proxy's page)
-                detail = response.text
-            status = response.status_code
-            raise RemoteVerifierError(
-                f"verifier at {self.url} answered {status}: {detail}",
-                reply_status=status,
-                unavailable=status in UNAVAILABLE_STATUSES,
-            )
+            raise self._refusal(response)
         return response
+
+    def _refusal(self, response: httpx.Response) -> DraftwiseError:
+        """The error an error answer stands for: ``GrammarDeadEnd`` where the verifier says the
+        answer's grammar reached a dead end (its code), as a local run raises it, so the run
+        ends with that error and never as a normal stop; else a ``RemoteVerifierError``."""
+        try:
+            body = response.json()
+            detail, code = body.get("detail", response.text), body.get("code")
+        except (ValueError, AttributeError):  # not JSON, or JSON but not an object (a proxy's page)
+            detail, code = response.text, None
+        status = response.status_code
+        if code == GRAMMAR_DEAD_END and status < 500:
+            # The verifier's message is the local one (``Constraint``'s); one line.
+            return GrammarDeadEnd(" ".join(str(detail).split()))
+        return RemoteVerifierError(
+            f"verifier at {self.url} answered {status}: {detail}",
+            reply_status=status,
+            unavailable=status in UNAVAILABLE_STATUSES,
+        )
 
     def patient_call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """``call`` through an outage: while the verifier is unreachable (or a proxy says it is
