@@ -38,6 +38,15 @@ class ConfigError(DraftwiseError, ValueError):
     """A setting (a flag, a field of a settings object) that the config rejects; one line."""
 
 
+def whole_numbers(text: str, flag: str, error: type[ConfigError] = ConfigError) -> tuple[int, ...]:
+    """A flag's comma-separated whole numbers, in the order given: ``"4, 1,2"`` -> ``(4, 1, 2)``;
+    anything else is ``error``, one line naming ``flag``."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise error(f"{flag}: expected comma-separated whole numbers such as 1,2,4,8 (got {text!r})")
+    return tuple(int(p) for p in parts)
+
+
 class ModelLoadError(DraftwiseError, ValueError):
     """A model source could not be loaded; the message says why."""
 

@@ -15,17 +15,9 @@ import typer
 from draftwise.bench.curve import CurveConfig
 from draftwise.cli.options import Flags, aliases_of, built, note, with_flags, with_model_options
 from draftwise.config import ModelOptions
-from draftwise.errors import ConfigError
+from draftwise.errors import whole_numbers
 
-
-def _rows(value: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in value.split(",") if p.strip()]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise ConfigError(f"--rows: expected comma-separated whole numbers such as 1,2,4,8 (got {value!r})")
-    return tuple(int(p) for p in parts)
-
-
-FLAGS = (Flags(CurveConfig, parse={"rows": _rows}),)
+FLAGS = (Flags(CurveConfig, parse={"rows": lambda value: whole_numbers(value, "--rows")}),)
 ALIASES = aliases_of(*FLAGS)
 
 

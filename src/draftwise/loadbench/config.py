@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from draftwise.bench.anchor_settings import spec_draft_max
 from draftwise.config import DraftConfig, DrafterName, GenerationConfig, ModelOptions
 from draftwise.cpu import default_threads
-from draftwise.errors import ConfigError
+from draftwise.errors import ConfigError, whole_numbers
 from draftwise.prepare import recommended
 from draftwise.registry import DEFAULT_TARGET
 
@@ -53,10 +53,7 @@ class LoadError(ConfigError):
 
 def parse_concurrency(text: str) -> tuple[int, ...]:
     """``"1,2,4"`` -> ``(1, 2, 4)``: distinct whole numbers from 1 to MAX_CONCURRENCY, in order."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise LoadError(f"--concurrency: expected comma-separated whole numbers such as 1,2,4,8 (got {text!r})")
-    levels = sorted({int(p) for p in parts})
+    levels = sorted(set(whole_numbers(text, "--concurrency", LoadError)))
     if levels[0] < 1 or levels[-1] > MAX_CONCURRENCY:
         raise LoadError(f"--concurrency: each level must be between 1 and {MAX_CONCURRENCY} (got {text!r})")
     return tuple(levels)
