@@ -9,7 +9,7 @@ PROMPT ?= Write a Python function that checks whether a number is prime.
 
 .PHONY: setup run lint test clean
 
-$(BIN)/draftwise: pyproject.toml constraints.txt scripts/install_llama_cpp.sh $(wildcard patches/llama.cpp/*.patch)
+$(BIN)/draftwise: pyproject.toml constraints.txt scripts/install_llama_cpp.sh scripts/llama_cpp_backend.sh $(wildcard patches/llama.cpp/*.patch)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt torch==2.13.0

@@ -6,8 +6,10 @@
 #
 #   PY=.venv/bin/python scripts/build_llama_cpp.sh    (or: make llama-cpp-bin)
 #
-# These are stock llama.cpp, as a user would run it. PATCHED=1 builds them with draftwise's
-# patches (patches/llama.cpp) under a folder of their own, to measure what the patches cost:
+# These are stock llama.cpp, as a user would run it, for the backend that the install script
+# builds llama-cpp-python for (the CPU, or CUDA: scripts/llama_cpp_backend.sh); a CUDA build
+# goes under a folder of its own. PATCHED=1 builds them with draftwise's patches
+# (patches/llama.cpp) under a folder of their own, to measure what the patches cost:
 #   PATCHED=1 PY=.venv/bin/python scripts/build_llama_cpp.sh
 set -euo pipefail
 
@@ -18,7 +20,10 @@ if [ -z "$version" ]; then
     echo "error: constraints.txt pins no llama-cpp-python version" >&2
     exit 2
 fi
-work="$root/build/llama-cpp-$version${PATCHED:+-patched}"  # build/ is ignored by git: nothing here is committed
+source "$root/scripts/llama_cpp_backend.sh"
+suffix="${PATCHED:+-patched}"
+[ "$llama_cpp_backend" = cpu ] || suffix="$suffix-$llama_cpp_backend"  # the CPU build keeps its folder
+work="$root/build/llama-cpp-$version$suffix"  # build/ is ignored by git: nothing here is committed
 bin="$work/build/bin"
 targets=(llama-bench llama-completion llama-speculative-simple llama-server)
 
@@ -49,7 +54,8 @@ generator=()
 if command -v ninja >/dev/null; then
     generator=(-G Ninja)
 fi
+# shellcheck disable=SC2086  # the backend's flags are words
 cmake -S "$source_dir" -B "$work/build" "${generator[@]}" -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-    -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF >&2
+    -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF $llama_cpp_cmake_args >&2
 cmake --build "$work/build" --target "${targets[@]}" -j "$(nproc)" >&2
 echo "$bin"

@@ -25,6 +25,7 @@ from draftwise.offers import Offer
 from draftwise.registry import REGISTRY, model_path
 from draftwise.verify import logits_to_probs
 
+from cli_support import run_cli
 from exactness_support import near_tie_or_equal
 from real_support import PROMPT, SMOL, needs_smol_on_llama_cpp
 from stats_support import ALPHA, as_dist, chi2_pvalue
@@ -194,6 +195,38 @@ def test_a_context_longer_than_the_model_allows_is_a_clear_error():
     assert lm.tokens == []  # nothing half-fed
     with pytest.raises(ModelLoadError, match="over .* own context"):
         load_lm(SMOL, ModelOptions(backend="llamacpp", context=10**6))
+
+
+def test_the_device_puts_every_layer_on_the_gpu_or_none_and_says_what_is_missing():
+    from draftwise.backends.llamacpp import library
+
+    gpu = library().gpu_offload  # False on a CPU build of llama-cpp-python (CI's)
+    auto = load_lm(SMOL, ModelOptions(backend="llamacpp", context=256))
+    assert auto.weights.device == ("cuda" if gpu else "cpu") and auto.fingerprint.endswith(auto.weights.device)
+    assert load_lm(SMOL, ModelOptions(backend="llamacpp", context=256, device="cpu")).weights.gpu_layers == 0
+    if gpu:
+        assert load_lm(SMOL, ModelOptions(backend="llamacpp", context=256, device="cuda")).weights.gpu_layers == -1
+    else:
+        with pytest.raises(ModelLoadError, match="--device cuda: this llama-cpp-python was built for the CPU only"):
+            load_lm(SMOL, ModelOptions(backend="llamacpp", device="cuda"))
+    with pytest.raises(ModelLoadError, match="--exact keeps its promise on llama.cpp's CPU kernels only"):
+        load_lm(SMOL, ModelOptions(backend="llamacpp", device="cuda", exact=True))
+
+
+def test_auto_takes_a_gpu_llama_cpp_can_use_unless_exact_asks_for_the_cpu(monkeypatch):
+    from draftwise.backends.llamacpp import library
+
+    monkeypatch.setattr(library(), "gpu_offload", True)
+    assert [library().gpu_layers(device, exact=False) for device in ("auto", "cuda", "cpu")] == [-1, -1, 0]
+    assert library().gpu_layers("auto", exact=True) == 0
+    monkeypatch.setattr(library(), "gpu_offload", False)
+    assert [library().gpu_layers(device, exact=False) for device in ("auto", "cpu")] == [0, 0]
+
+
+def test_generate_on_a_device_it_cannot_keep_its_promise_on_is_one_line():
+    done = run_cli("generate", "--target", SMOL, "--device", "cuda", "--exact", "hi", timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: --exact keeps its promise on llama.cpp's CPU")
 
 
 EXIT_ORDER = """

@@ -291,6 +291,10 @@ def test_llama_server_runs_the_same_files_threads_and_context_per_slot(tmp_path)
     assert plain == f"{tmp_path}/llama-server -m {target} -t 3 -tb 3 -np 4 -c 4096"
     spec = " ".join(llama_server(config, 4, "llama-server-spec").argv)
     assert spec.startswith(plain + f" -md {draft} --spec-type draft-simple --spec-draft-n-max 7 --spec-draft-n-min 0")
+    for device, layers in (("cuda", "all"), ("cpu", "0")):
+        on = config.model_copy(update={"models": ModelOptions(threads=3, device=device)})
+        assert " ".join(llama_server(on, 4).argv) == f"{plain} -ngl {layers}"
+        assert llama_server(on, 4, "llama-server-spec").argv[-2:] == ("-ngld", layers)
     with pytest.raises(LoadError, match="runs .gguf files"):
         llama_server(config.model_copy(update={"target": str(tmp_path)}), 1)
     with pytest.raises(LoadError, match="no llama-server in"):

@@ -72,7 +72,11 @@ class ModelOptions(_Strict):
         "GGUF file, made once); the draft's precision cannot change the output (the target checks every "
         "token), only its speed",
     )
-    device: Device = Field("auto", description="hf: cpu or cuda; auto = cuda when a CUDA device is present")
+    device: Device = Field(
+        "auto",
+        description="cpu or cuda (llamacpp: every layer of target and draft on the GPU, with a CUDA build of "
+        "llama-cpp-python); auto = cuda where the backend sees a CUDA device (llamacpp: unless --exact)",
+    )
     exact: bool = Field(
         False,
         description="llamacpp: every row of a pass computed as in one-token decoding, whatever else the pass "

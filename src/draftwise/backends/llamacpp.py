@@ -34,7 +34,7 @@ import torch
 
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.backends.llamacpp_batch import ROWS, Batcher, Decoder, Request
-from draftwise.config import ModelOptions
+from draftwise.config import Device, ModelOptions
 from draftwise.cpu import default_threads
 from draftwise.errors import ContextLengthError, ModelLoadError, SlotsFullError
 from draftwise.lm import Forward, PassInfo
@@ -123,6 +123,39 @@ class _Library:
             return f"draftwise's patches cover x86-64 CPUs, not {platform.machine()}"
         return None
 
+    @functools.cached_property
+    def gpu_offload(self) -> bool:
+        """Whether this llama.cpp can keep layers on a GPU: built with a GPU backend (CUDA)
+        and a device of it visible."""
+        return bool(self.api.llama_supports_gpu_offload())
+
+    def missing_gpu(self) -> str:
+        """Why this llama.cpp runs no layer on a GPU, for an error message."""
+        library_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(self.api.__file__).parent / "lib")
+        if any(library_dir.glob("*ggml-cuda*")):
+            return "llama.cpp was built with CUDA, but sees no GPU here (is the NVIDIA driver loaded?)"
+        return (
+            "this llama-cpp-python was built for the CPU only; rebuild it with CUDA on a machine with nvcc "
+            "(DRAFTWISE_CUDA=1 make setup, docs/models-and-backends.md)"
+        )
+
+    def gpu_layers(self, device: Device, exact: bool) -> int:
+        """The layers of a model llama.cpp keeps on the GPU: every one (-1) or none (0).
+        ``auto`` takes the GPU where this llama.cpp can use one, unless ``exact`` asks for
+        the CPU kernels that draftwise's patches make row-invariant (docs/exactness.md)."""
+        if device == "cpu":
+            return 0
+        if device == "cuda":
+            if exact:
+                raise ModelLoadError(
+                    "--exact keeps its promise on llama.cpp's CPU kernels only (docs/exactness.md): "
+                    "drop --exact, or run on --device cpu"
+                )
+            if not self.gpu_offload:
+                raise ModelLoadError(f"--device cuda: {self.missing_gpu()}")
+            return -1
+        return -1 if self.gpu_offload and not exact else 0
+
     def reason(self) -> str:
         """What llama.cpp said went wrong, for an error message: its last line that names an
         error with a cause (``error loading model: unknown model architecture: 'x'``)."""
@@ -140,11 +173,11 @@ def library() -> _Library:
 class LlamaCppWeights:
     """One ``llama_model`` (a GGUF file, memory-mapped) shared by every sequence over it."""
 
-    def __init__(self, path: Path, name: str, vocab_only: bool = False) -> None:
+    def __init__(self, path: Path, name: str, vocab_only: bool = False, gpu_layers: int = 0) -> None:
         api = library().api
         library().lines.clear()
         params = api.llama_model_default_params()
-        params.n_gpu_layers = 0
+        params.n_gpu_layers = gpu_layers  # -1: every layer on the GPU
         params.vocab_only = vocab_only  # the vocabulary and metadata, not a byte of the weights
         model = api.llama_model_load_from_file(str(path).encode(), params)
         if not model:
@@ -154,6 +187,8 @@ class LlamaCppWeights:
         self.ptr = model
         self.path = path
         self.name = name
+        self.gpu_layers = gpu_layers
+        self.device = "cpu" if gpu_layers == 0 else "cuda"
         if api.llama_model_is_recurrent(model) or api.llama_model_is_hybrid(model):
             raise ModelLoadError(
                 f"{path.name} has recurrent layers, whose state cannot be rolled back; "
@@ -224,7 +259,7 @@ class LlamaCppModel:
         stat = self.weights.path.stat()
         return (
             f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
-            f"{self.n_ctx} positions|exact {library().exact}"
+            f"{self.n_ctx} positions|exact {library().exact}|{self.weights.device}"
         )
 
     def fork(self) -> LlamaCppModel:
@@ -348,10 +383,11 @@ def load_llamacpp(
     # and its own thread team, spinning for a while after each of those, stalled ggml's
     # threads in the next pass (a one-row pass took a quarter longer while drafting).
     torch.set_num_threads(1)
+    gpu_layers = library().gpu_layers(options.device, options.exact)
     library().run_exact(options.exact)
     if draft and options.draft_quant != "none":
         path = requantized(path, options.draft_quant, threads, log)
-    weights = LlamaCppWeights(path, source)
+    weights = LlamaCppWeights(path, source, gpu_layers=gpu_layers)
     if options.exact and not draft and weights.file_type in NOT_ROW_INVARIANT:
         # The draft's kernels cannot change the output: the target's must be row-invariant.
         raise ModelLoadError(

@@ -88,7 +88,7 @@ class LlamaCppPythonMethod:
             n_batch=BATCH,
             n_threads=target.threads,
             n_threads_batch=target.threads,
-            n_gpu_layers=0,
+            n_gpu_layers=target.weights.gpu_layers,
             draft_model=draft_model,
             logits_all=draft_model is not None,
             verbose=False,
@@ -205,6 +205,8 @@ class LlamaCppSpecMethod:
             "-n",
             str(config.max_new_tokens - 1),
         ]
+        if self.target.weights.gpu_layers:
+            command += ["-ngl", "all", "-ngld", "all"]  # every layer on the GPU, as draftwise's models
         if s.greedy:
             return [*command, "--temp", "0"]
         return [

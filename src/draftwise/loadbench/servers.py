@@ -126,7 +126,16 @@ def draft_model_args(config: LoadConfig) -> list[str]:
     threads = str(config.threads)
     argv = ["-md", str(gguf(draft, "draft")), "--spec-type", "draft-simple"]
     argv += ["--spec-draft-n-max", str(config.spec_draft_n_max), "--spec-draft-n-min", str(config.spec_draft_n_min)]
-    return argv + ["--spec-draft-p-min", str(config.spec_draft_p_min), "-td", threads, "-tbd", threads]
+    argv += ["--spec-draft-p-min", str(config.spec_draft_p_min), "-td", threads, "-tbd", threads]
+    return argv + gpu_layer_args(config, "-ngld")
+
+
+def gpu_layer_args(config: LoadConfig, flag: str) -> list[str]:
+    """llama-server's layers on the GPU (``flag``: ``-ngl``, or ``-ngld`` for the draft) as
+    draftwise's ``--device`` puts them: every one on cuda, none on cpu; on auto, llama.cpp's own
+    auto, which like draftwise's takes a GPU where it finds one."""
+    device = config.models.device
+    return [] if device == "auto" else [flag, "all" if device == "cuda" else "0"]
 
 
 def speculation_args(config: LoadConfig, name: str) -> list[str]:
@@ -147,6 +156,7 @@ def llama_server(config: LoadConfig, slots: int, name: str = "llama-server") -> 
     threads = str(config.threads)
     argv = [str(llama_server_binary(config)), "-m", str(gguf(config.target, "target"))]
     argv += ["-t", threads, "-tb", threads, "-np", str(slots), "-c", str(config.context * slots)]
+    argv += gpu_layer_args(config, "-ngl")
     if config.structured != NONE:
         argv.append("--jinja")  # tools and their calls go through the model's own chat template
     return Server(name, tuple(argv + speculation_args(config, name)), config.target)
