@@ -297,6 +297,11 @@ def verify(
     The probabilities reported under greedy decoding stay the plain softmax's.
     """
     k = draft_tokens.shape[0]
+    if temperature == 0 and k == 0:
+        # A plain step: the argmax and nothing else. Its per-token cost is what a plain
+        # stream pays beside the pass, which on a fast pass (a small model, a GPU) shows.
+        verdict = Verdict(n_accepted=0, next_token=int(masked_argmax(target_logits[:1], mask)[0]), n_proposed=0)
+        return verdict, torch.empty(0)  # [0]: no proposed token, no probability
     if temperature == 0:
         rows = target_logits[:k].float()  # [k, V]
         chosen = rows.gather(1, draft_tokens[:, None]).squeeze(1)  # [k]

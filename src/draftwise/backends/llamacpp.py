@@ -105,11 +105,16 @@ class _Library:
                 "sets its kernels once per process: load every model with the same setting"
             )
 
+    def library_dir(self) -> Path:
+        """Where llama-cpp-python loads llama.cpp's libraries from (its own lib/, or
+        ``LLAMA_CPP_LIB_PATH``, which it reads too)."""
+        return Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(self.api.__file__).parent / "lib")
+
     def missing_row_invariance(self) -> str | None:
         """What keeps this llama.cpp from row-invariant passes, or None: the marker that
         draftwise's patches add to ggml's CPU backend, the ordered KV cells they add to
         libllama, and the CPU family they cover."""
-        library_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(self.api.__file__).parent / "lib")
+        library_dir = self.library_dir()
         found = sorted(library_dir.glob("*ggml-cpu*"))
         marker = getattr(ctypes.CDLL(str(found[0])), "ggml_cpu_row_invariant", None) if found else None
         llama = sorted(library_dir.glob("libllama*"))
@@ -131,8 +136,7 @@ class _Library:
 
     def missing_gpu(self) -> str:
         """Why this llama.cpp runs no layer on a GPU, for an error message."""
-        library_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(self.api.__file__).parent / "lib")
-        if any(library_dir.glob("*ggml-cuda*")):
+        if any(self.library_dir().glob("*ggml-cuda*")):
             return "llama.cpp was built with CUDA, but sees no GPU here (is the NVIDIA driver loaded?)"
         return (
             "this llama-cpp-python was built for the CPU only; rebuild it with CUDA on a machine with nvcc "
