@@ -183,7 +183,9 @@ def write(vocab_file: Path, shape_name: str, out: Path, seed: int, walk_seed: in
             writer.add_tensor(name, walk_output(embedding, walk(tokens, walk_seed, agree)))
         else:
             kind = name.split(".", 2)[-1]  # blk.3.attn_q.weight -> attn_q.weight
-            writer.add_tensor(name, block.setdefault(kind, values(name, dims, rng)))
+            if kind not in block:
+                block[kind] = values(name, dims, rng)
+            writer.add_tensor(name, block[kind])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
