@@ -170,6 +170,30 @@ def test_a_server_prices_its_target_s_batched_passes_by_the_shared_profile(tiny_
     assert _paced(Scheduler(), [Slot(tiny_target, None)])._paces == []  # each pass alone: nothing to pace
 
 
+def test_a_verifier_prices_its_target_s_batched_passes_by_its_timed_curve(tiny_target):
+    from draftwise.remote.sessions import VerifierService
+    from draftwise.remote.settings import VerifierSettings
+
+    class Batched:  # the tiny target, its sequences sharing passes as llama.cpp's slots do
+        batch = object()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tiny_target, name)
+
+    profile = CostProfile()
+    profile.pass_times.add(1, 0.03)
+    profile.pass_times.add(32, 0.5)
+    settings = VerifierSettings(target="tiny:0")
+    services = [VerifierService(settings, Batched(), profile), VerifierService(settings, Batched())]
+    try:
+        (pace,) = services[0].scheduler._paces
+        assert pace.batch is Batched.batch and pace.curve(32) == 0.5
+        assert services[1].scheduler._paces == []  # no timed curve: pieces of the row budget, as before
+    finally:
+        for service in services:
+            service.scheduler.close()
+
+
 def test_a_server_generation_with_its_prediction_encoded_at_admission_gives_the_same_steps(tiny_target):
     slot = Slot(tiny_target, None)
     assert tiny_target.tokenizer is not None

@@ -34,6 +34,19 @@ def test_prepare_pair_measures_nothing_without_the_cost_policy_or_drafting():
     assert prepare.prepare_pair("tiny:0", None, None, None).profile is None  # a verifier's target
 
 
+def test_a_verifier_s_target_is_timed_where_its_sessions_share_passes(tiny_target):
+    class Shared:  # the tiny target, its sequences batched as llama.cpp's slots are
+        batch = object()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tiny_target, name)
+
+    paced = prepare.prepare(Shared(), None, None, slots=4, pace=True).profile  # type: ignore[arg-type]
+    assert paced is not None and _calibrated(paced, DraftConfig().k_max) and paced.pass_times.known(48)
+    assert prepare.prepare(Shared(), None, None, slots=1, pace=True).profile is None  # each pass alone  # type: ignore[arg-type]
+    assert prepare.prepare(tiny_target, None, None, slots=4, pace=True).profile is None  # hf: no shared passes
+
+
 def _spy_on_prepare(monkeypatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     real = prepare.prepare_pair

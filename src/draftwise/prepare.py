@@ -73,16 +73,21 @@ def prepare(
     *,
     slots: int = 1,
     log: Log | None = None,
+    pace: bool = False,
 ) -> Pair:
     """Warm up loaded models and, when ``drafting`` uses the cost policy, measure their costs
     for ``slots`` streams batched together (``draftwise.costs``; cached). ``drafting`` None:
-    nothing drafts with these models here (a verifier's target)."""
+    nothing drafts with these models here (a verifier's target); with ``pace``, the target's
+    passes are timed all the same where ``slots`` sequences share them, for a scheduler to
+    size prompt pieces in time beside the others (a verifier's sessions)."""
     for lm in (target, draft):
         if lm is not None:
             warm_up(lm)
     profile = None
     if drafting is not None and drafting.k_policy == "cost":
         profile = calibrate(target, draft, drafting.k_max, log, slots=slots, k_long=drafting.k_long)
+    elif pace and slots > 1 and target.batch is not None:
+        profile = calibrate(target, None, DraftConfig().k_max, log, slots=slots)
     return Pair(target, draft, profile)
 
 
@@ -94,12 +99,14 @@ def prepare_pair(
     *,
     slots: int = 1,
     log: Log | None = None,
+    pace: bool = False,
 ) -> Pair:
     """Load ``target`` and ``draft`` (None: the target alone), check that they share a
-    tokenizer, warm them up and calibrate the cost policy (see ``prepare``).
+    tokenizer, warm them up and calibrate the cost policy, or with ``pace`` the target's
+    passes (see ``prepare``).
 
     ``slots``: streams that run at once, batched on llama.cpp (see ``load_pair``): the
     loaded models and ``slots - 1`` forks of them.
     """
     target_lm, draft_lm = load_pair(target, draft, options, log=log, slots=slots)
-    return prepare(target_lm, draft_lm, drafting, slots=slots, log=log)
+    return prepare(target_lm, draft_lm, drafting, slots=slots, log=log, pace=pace)

@@ -82,8 +82,8 @@ def _serve_here(settings: VerifierSettings) -> None:
     from draftwise.remote.server import create_app
 
     # A slot for each session held at once. Nothing drafts here, so nothing is calibrated.
-    pair = prepare_pair(settings.target, None, settings.models, None, slots=settings.slots, log=note)
-    verifier = create_app(settings, pair.target)
+    pair = prepare_pair(settings.target, None, settings.models, None, slots=settings.slots, log=note, pace=True)
+    verifier = create_app(settings, pair.target, profile=pair.profile)
     warn_if_exposed(settings.host, settings.api_key)
     note(f"draftwise verifier: {settings.target} on http://{settings.host}:{settings.port} (API docs at /docs)")
     # uvicorn stops cleanly on Ctrl-C / SIGTERM (the lifespan closes every session) and

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftwise.errors import validation_message
 from draftwise.lm import LanguageModel
+from draftwise.profile import CostProfile
 from draftwise.remote.protocol import (
     GRAMMAR_DEAD_END,
     PROTOCOL_VERSION,
@@ -176,11 +177,17 @@ def _session_routes(service: VerifierService, authorize: Callable[..., Any]) -> 
 
 
 def create_app(
-    settings: VerifierSettings, lm: LanguageModel | None = None, *, service: VerifierService | None = None
+    settings: VerifierSettings,
+    lm: LanguageModel | None = None,
+    *,
+    service: VerifierService | None = None,
+    profile: CostProfile | None = None,
 ) -> FastAPI:
     """Build the verifier's web parts over a loaded target ``lm`` (``draftwise.prepare``: loaded
     with ``settings.slots`` slots, see ``serve-verifier``; the sessions take them), or over a ``service`` on
     its own model (a fleet replica's, see ``draftwise.cluster.verifier``); nothing is loaded here.
+    ``profile``: the target's timed passes (``prepare_pair(pace=True)``), which size the pieces
+    of a long prompt beside other sessions' verifies.
 
     Open without a key: ``/health`` (for probes) and the API's description (``/docs``,
     ``/redoc``, ``/openapi.json``); every other route needs the key when there is one.
@@ -188,7 +195,7 @@ def create_app(
     if service is None:
         if lm is None:
             raise ValueError("create_app needs the loaded target (lm) or a service over it")
-        service = VerifierService(settings, lm)
+        service = VerifierService(settings, lm, profile)
 
     app = FastAPI(
         title="draftwise verifier",

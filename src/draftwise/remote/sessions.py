@@ -32,6 +32,7 @@ from draftwise.drafters import Proposal
 from draftwise.engine import grammars_of, seeded_generators
 from draftwise.errors import DraftwiseError, SlotsFullError, validation_message
 from draftwise.lm import LanguageModel
+from draftwise.profile import CostProfile
 from draftwise.remote.protocol import (
     GRAMMAR_DEAD_END,
     PROTOCOL_VERSION,
@@ -104,7 +105,7 @@ class VerifierService:
     passes).
     """
 
-    def __init__(self, settings: VerifierSettings, lm: LanguageModel) -> None:
+    def __init__(self, settings: VerifierSettings, lm: LanguageModel, profile: CostProfile | None = None) -> None:
         self.settings = settings
         self.lm = lm
         self.vocab_size = lm.vocab_size
@@ -117,7 +118,13 @@ class VerifierService:
         self._lock = threading.Lock()
         self.hits = 0  # verifies that found their session here
         self.misses = 0  # verifies for a session not held here (its client re-opens it)
-        self.scheduler = Scheduler(name="draftwise-verifier").start()
+        self.scheduler = Scheduler(name="draftwise-verifier")
+        if profile is not None and lm.batch is not None:
+            # A long prompt opening beside other sessions' verifies goes in pieces sized by
+            # the target's pass times (as serve's streams do), not pieces of its row budget.
+            times = profile.pass_times
+            self.scheduler.pace(lm.batch, lambda rows: times.at(rows, rising=True))
+        self.scheduler.start()
         weakref.finalize(self, self.scheduler.close)
 
     @property
