@@ -17,8 +17,8 @@
 #             it needs the driver's libcuda, which only a machine with a GPU has.
 #   python/   llama-cpp-python's Python package from the same sdist (it loads bin/'s library
 #             through LLAMA_CPP_LIB_PATH), so nothing is compiled there.
-#   wheels/   draftwise's dependencies for Python 3.12 that the GPU machine's image lacks or
-#             holds in other versions, at the versions this .venv runs.
+#   wheels/   draftwise's server dependencies and all they need (numpy and torch aside: the GPU
+#             machine's own), for Python 3.12, at the versions this .venv runs.
 #   vocab.gguf  Qwen's tokenizer (llama.cpp's models/ggml-vocab-qwen2.gguf), for the random models.
 # Compiling ggml's CUDA kernels takes a long time on 2 cores (the build is kept under
 # build/, and a second run only assembles the pack).
@@ -87,13 +87,29 @@ strip --strip-unneeded "$pack/bin"/* 2>/dev/null || true
 cp -a "$work/llama_cpp_python-$version/llama_cpp" "$pack/python/"
 rm -rf "$pack/python/llama_cpp/lib"  # the libraries are bin/'s (LLAMA_CPP_LIB_PATH)
 cp "$source_dir/models/ggml-vocab-qwen2.gguf" "$pack/vocab.gguf"
-# Pure and compiled wheels at the versions installed here, for CPython 3.12 on x86-64 Linux.
-wanted=(pydantic pydantic-core annotated-types typing-inspection typing-extensions llguidance fastapi starlette
-    uvicorn annotated-doc diskcache typer gguf)
-pins=()
-for name in "${wanted[@]}"; do
-    pins+=("$name==$("$pip" show "$name" 2>/dev/null | sed -n 's/^Version: //p')")
-done
+# draftwise's dependencies, with everything they need in turn, at the versions installed here,
+# for CPython 3.12 on x86-64 Linux; but numpy and torch, whose builds the GPU machine has to
+# match each other and its CUDA.
+wanted="pydantic fastapi starlette uvicorn typer llguidance diskcache gguf"
+mapfile -t pins < <("$root/.venv/bin/python" - $wanted <<'PY'
+import re
+import sys
+from importlib.metadata import PackageNotFoundError, requires, version
+
+found = {}
+todo = list(sys.argv[1:])
+while todo:
+    name = todo.pop().lower().replace("_", "-")
+    if name in found or name in ("numpy", "torch"):
+        continue
+    try:
+        found[name] = version(name)
+    except PackageNotFoundError:
+        continue  # a need of another Python or platform (not installed here)
+    todo += [re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0] for r in requires(name) or [] if "extra ==" not in r]
+print("\n".join(f"{name}=={found[name]}" for name in sorted(found)))
+PY
+)
 platforms=(--platform manylinux2014_x86_64)
 for glibc in $(seq 17 39); do platforms+=(--platform "manylinux_2_${glibc}_x86_64"); done
 "$pip" download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
