@@ -81,7 +81,8 @@ def _serve_here(settings: VerifierSettings) -> None:
     from draftwise.prepare import prepare_pair
     from draftwise.remote.server import create_app
 
-    # A slot for each session held at once. Nothing drafts here, so nothing is calibrated.
+    # A slot for each session held at once. Nothing drafts here: with several slots only the
+    # target's passes are timed, to size a long prompt's pieces beside other sessions' verifies.
     pair = prepare_pair(settings.target, None, settings.models, None, slots=settings.slots, log=note, pace=True)
     verifier = create_app(settings, pair.target, profile=pair.profile)
     warn_if_exposed(settings.host, settings.api_key)
