@@ -107,7 +107,9 @@ class Check:
             DRAFTWISE_HOME=str(self.work / "home"),
             PYTHONUNBUFFERED="1",
         )
-        return {"wheels": [w.name for w in wheels], "machine": _machine(), "gpu": _gpu()}
+        made = self.pack / "pack.json"
+        pack = json.loads(made.read_text()) if made.is_file() else None
+        return {"pack": pack, "wheels": [w.name for w in wheels], "machine": _machine(), "gpu": _gpu()}
 
     # 2. models -----------------------------------------------------------------------------
     def models(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@
 #   wheels/   draftwise's server dependencies and all they need (numpy and torch aside: the GPU
 #             machine's own), for Python 3.12, at the versions this .venv runs.
 #   vocab.gguf  Qwen's tokenizer (llama.cpp's models/ggml-vocab-qwen2.gguf), for the random models.
+#   pack.json   what the pack was built for and with (the check copies it into its JSON).
 # Compiling ggml's CUDA kernels takes a long time on 2 cores (the build is kept under
 # build/, and a second run only assembles the pack).
 set -euo pipefail
@@ -78,7 +79,8 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S "$source_dir" -B "$work/build" "${generator[@]}" "${flags[@]}" >&2
 start=$(date +%s)
 cmake --build "$work/build" --target llama llama-server llama-quantize -j "$(nproc)" >&2
-echo "built in $(( $(date +%s) - start )) s" >&2
+built=$(( $(date +%s) - start ))
+echo "built in $built s" >&2
 
 rm -rf "$pack"
 mkdir -p "$pack/bin" "$pack/python" "$pack/wheels"
@@ -114,5 +116,10 @@ platforms=(--platform manylinux2014_x86_64)
 for glibc in $(seq 17 39); do platforms+=(--platform "manylinux_2_${glibc}_x86_64"); done
 "$pip" download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
     --dest "$pack/wheels" "${pins[@]}"
+nvcc_release=""
+[ "$backend" = cuda ] && nvcc_release="$("$toolkit/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')"
+printf '{"backend": "%s", "cuda_arch": "%s", "nvcc": "%s", "llama_cpp_python": "%s", "build_seconds": %s, "cpu": "%s"}\n' \
+    "$backend" "$([ "$backend" = cuda ] && echo "$arch")" "$nvcc_release" "$version" "$built" \
+    "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)" > "$pack/pack.json"
 du -sh "$pack" >&2
 echo "$pack"
