@@ -11,7 +11,8 @@ prediction is the plain answer with a quarter cut from its middle.
 
 Steps, each timed, the JSON rewritten after each (a run cut short keeps what it measured):
 
-1. ``setup``: the wheels into a folder of their own, the pack's libraries on the paths;
+1. ``setup``: the pack's libraries and tokenizer unpacked, the wheels into a folder of their
+   own, both on the paths;
 2. ``models``: the random target and draft, quantized to Q4_K_M by the build's ``llama-quantize``;
 3. ``curve``: ``draftwise curve``, a target pass of 1 to 64 rows after 512 tokens;
 4. ``plain``: ``draftwise load`` with ``--drafter off`` on one chat prompt, whose answer becomes
@@ -36,6 +37,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -98,8 +100,10 @@ class Check:
         if wheels:
             pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
             self.run([*pip, "--upgrade", "--target", str(site), *map(str, wheels)], "setup")
+        with tarfile.open(self.pack / "llama.tar.xz", "r:xz") as packed:
+            packed.extractall(self.work, filter="data")  # bin/ and vocab.gguf
         paths = [str(ROOT / "src"), str(site), str(self.pack / "python")]
-        bin_dir = str(self.pack / "bin")
+        bin_dir = str(self.work / "bin")
         self.env.update(
             PYTHONPATH=os.pathsep.join(paths),
             LD_LIBRARY_PATH=os.pathsep.join(filter(None, [bin_dir, os.environ.get("LD_LIBRARY_PATH")])),
@@ -122,12 +126,12 @@ class Check:
                 sys.executable,
                 str(ROOT / "scripts" / "random_gguf.py"),
                 "--vocab",
-                str(self.pack / "vocab.gguf"),
+                str(self.work / "vocab.gguf"),
             ]
             draft = ["--seed", "1", "--agree", str(DRAFT_AGREES)] if role == "draft" else []
             self.run([*script, "--shape", shape, "--out", str(f16), *draft], role)
             written = time.monotonic() - start
-            quantize = [str(self.pack / "bin" / "llama-quantize"), str(f16), str(model), "Q4_K_M", str(os.cpu_count())]
+            quantize = [str(self.work / "bin" / "llama-quantize"), str(f16), str(model), "Q4_K_M", str(os.cpu_count())]
             self.run(quantize, f"{role}-quantize")
             f16.unlink()
             made[role] = {
@@ -155,7 +159,7 @@ class Check:
         argv = [*DRAFTWISE, "load", "--target", self.model("target"), "--draft", self.model("draft")]
         argv += ["--device", self.args.device, "--servers", ",".join(servers), "--concurrency", levels]
         argv += ["--max-tokens", str(tokens), "--limit", "16"]
-        argv += ["--llama-cpp-bin", str(self.pack / "bin"), "--no-audit", "--no-progress", "--out", str(out)]
+        argv += ["--llama-cpp-bin", str(self.work / "bin"), "--no-audit", "--no-progress", "--out", str(out)]
         self.run([*argv, *sources], name)
         return out
 
@@ -304,9 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", default=",".join(STEPS), help="the steps to run, after setup")
     args = parser.parse_args(argv)
-    if not (args.pack / "bin" / "llama-server").is_file():
+    if not (args.pack / "llama.tar.xz").is_file():
         print(
-            f"error: {args.pack} is no pack: no bin/llama-server (scripts/cuda_check_pack.sh makes one)",
+            f"error: {args.pack} is no pack: no llama.tar.xz (scripts/cuda_check_pack.sh makes one)",
             file=sys.stderr,
         )
         return 2

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Make the pack that scripts/cuda_check.py takes to a machine with a GPU and no network: what
-# the check cannot build or fetch there in its few minutes, in one folder of about 50 MB.
+# the check cannot build or fetch there in its few minutes, in one folder (55 MB for CUDA).
 #
 #   scripts/cuda_check_pack.sh build/cuda-pack          (llama.cpp for CUDA)
 #   scripts/cuda_check_pack.sh build/cuda-pack-cpu cpu  (for the CPU: the rehearsal here)
 #
-# The pack holds:
+# The pack holds, bin/ and vocab.gguf compressed in llama.tar.xz:
 #   bin/      llama.cpp's shared libraries, llama-server and llama-quantize, built here from
 #             the sdist pinned in constraints.txt (stock llama.cpp: draftwise's patches touch
 #             only CPU kernels, and --exact is refused on CUDA), for the CPU family x86-64-v3
@@ -70,8 +70,10 @@ if [ "$backend" = cuda ]; then
             for so in "$lib"/libcublas*.so.*; do ln -sf "$(basename "$so")" "${so%%.so.*}.so"; done
         fi
     fi
+    # The programs link against libggml-cuda, which needs cuBLAS: where the linker finds it.
+    link="-Wl,-rpath-link,$(readlink -f "$toolkit/lib64")"
     flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_NCCL=OFF
-        "-DCUDAToolkit_ROOT=$toolkit" "-DCMAKE_CUDA_COMPILER=$toolkit/bin/nvcc")
+        "-DCUDAToolkit_ROOT=$toolkit" "-DCMAKE_CUDA_COMPILER=$toolkit/bin/nvcc" "-DCMAKE_EXE_LINKER_FLAGS=$link")
 fi
 
 generator=()
@@ -121,5 +123,9 @@ nvcc_release=""
 printf '{"backend": "%s", "cuda_arch": "%s", "nvcc": "%s", "llama_cpp_python": "%s", "build_seconds": %s, "cpu": "%s"}\n' \
     "$backend" "$([ "$backend" = cuda ] && echo "$arch")" "$nvcc_release" "$version" "$built" \
     "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)" > "$pack/pack.json"
+# What travels to the GPU machine is limited in size: the libraries and the tokenizer go
+# compressed (the CUDA build's libggml-cuda alone is 60 MB, 39 MB compressed).
+tar -C "$pack" -cf - bin vocab.gguf | xz -T0 -6 > "$pack/llama.tar.xz"
+rm -rf "$pack/bin" "$pack/vocab.gguf"
 du -sh "$pack" >&2
 echo "$pack"
