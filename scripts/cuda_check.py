@@ -31,6 +31,7 @@ own plain answers. Rehearse on the CPU with a CPU pack and ``--device cpu``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -106,7 +107,7 @@ class Check:
         bin_dir = str(self.work / "bin")
         self.env.update(
             PYTHONPATH=os.pathsep.join(paths),
-            LD_LIBRARY_PATH=os.pathsep.join(filter(None, [bin_dir, os.environ.get("LD_LIBRARY_PATH")])),
+            LD_LIBRARY_PATH=os.pathsep.join([bin_dir, *_cuda_library_dirs(), os.environ.get("LD_LIBRARY_PATH", "")]),
             LLAMA_CPP_LIB_PATH=bin_dir,
             DRAFTWISE_HOME=str(self.work / "home"),
             PYTHONUNBUFFERED="1",
@@ -279,6 +280,17 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _machine() -> dict[str, Any]:
     return {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def _cuda_library_dirs() -> list[str]:
+    """Where CUDA's runtime and cuBLAS may be, which a CUDA build of llama.cpp loads: the
+    toolkit's lib64, and the lib folders of NVIDIA's Python packages (where PyTorch finds them)."""
+    found = [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64"]
+    spec = importlib.util.find_spec("nvidia")
+    roots = (spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        found += sorted(Path(root).glob("*/lib"))
+    return [str(path) for path in found if path.is_dir()]
 
 
 def _gpu() -> str | None:
