@@ -188,10 +188,30 @@ def test_a_verifier_prices_its_target_s_batched_passes_by_its_timed_curve(tiny_t
     try:
         (pace,) = services[0].scheduler._paces
         assert pace.batch is Batched.batch and pace.curve(32) == 0.5
+        assert not pace.others()  # no session has verified: a prompt alone takes whole passes
+        assert pace.others == services[0]._others_active
         assert services[1].scheduler._paces == []  # no timed curve: pieces of the row budget, as before
     finally:
         for service in services:
             service.scheduler.close()
+
+
+def test_a_verifier_counts_a_session_that_just_verified_as_wanting_a_pass_soon(tiny_target):
+    from draftwise.remote.protocol import OpenSession
+    from draftwise.remote.sessions import ACTIVE_S, VerifierService
+    from draftwise.remote.settings import VerifierSettings
+
+    service = VerifierService(VerifierSettings(target="tiny:0"), tiny_target)
+    try:
+        opened = service.open(OpenSession(prompt=[1, 2, 3], sampling=SamplingConfig(temperature=0)))
+        session = service._sessions[opened.session_id]
+        assert not service._others_active()  # opened, never verified
+        session.verified, session.verified_at = True, time.monotonic()
+        assert service._others_active()  # its client is drafting its next block
+        session.verified_at -= ACTIVE_S
+        assert not service._others_active()
+    finally:
+        service.scheduler.close()
 
 
 def test_a_server_generation_with_its_prediction_encoded_at_admission_gives_the_same_steps(tiny_target):

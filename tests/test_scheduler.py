@@ -138,6 +138,17 @@ def test_alone_a_prompt_goes_in_pieces_of_the_whole_row_budget():
     assert batch.passes == [[("c", 256)], [("c", 256)], [("c", 88)], [("c", 1)]]
 
 
+def test_alone_beside_streams_that_will_want_a_pass_soon_a_prompt_goes_in_priced_pieces():
+    # A verifier's sessions are in the rounds only during a verify: between two, ``others`` says so.
+    batch = RecordingBatch(rows=256)
+    scheduler = Scheduler()
+    scheduler.pace(batch, _priced, others=lambda: True)
+    run_together([stepping(FakeLM("c", batch), [600, 1])], scheduler)
+    pieces = _pieces(batch, "c")
+    assert sum(rows for rows, _ in pieces) == 600
+    assert len(pieces) > 3 and all(_priced(whole) <= PIECE_SECONDS for _, whole in pieces)
+
+
 def test_a_stream_drafting_on_another_model_waits_on_the_round_too():
     target, draft = RecordingBatch(rows=256), RecordingBatch(rows=256)
     scheduler = Scheduler()

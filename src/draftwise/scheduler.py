@@ -117,8 +117,8 @@ class _Pace:
     WEIGHT = 0.5  # of the newest pass in ``slower``: the last few passes set it
     REFERENCE_ROWS = 32
 
-    def __init__(self, batch: Batch, curve: Curve) -> None:
-        self.batch, self.curve = batch, curve
+    def __init__(self, batch: Batch, curve: Curve, others: Callable[[], bool] = _never) -> None:
+        self.batch, self.curve, self.others = batch, curve, others
         self.slower = 1.0
 
     def _curve(self, rows: int) -> float | None:
@@ -174,12 +174,14 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._paces: list[_Pace] = []
 
-    def pace(self, batch: Batch, curve: Curve) -> None:
+    def pace(self, batch: Batch, curve: Curve, others: Callable[[], bool] = _never) -> None:
         """Price ``batch``'s passes by ``curve`` (its model's pass times): beside streams that
         wait on the round, its long prompts go in pieces that add at most ``PIECE_SECONDS`` to
-        each of their steps. A batch with no curve feeds pieces of its own row budget. Call
-        before ``start``."""
-        self._paces.append(_Pace(batch, curve))
+        each of their steps. ``others``: whether streams that are not in the rounds now will
+        want a pass soon (a verifier's sessions, between one verify and the next); while it
+        says so, pieces are priced as if one waited. A batch with no curve feeds pieces of its
+        own row budget. Call before ``start``."""
+        self._paces.append(_Pace(batch, curve, others))
 
     def submit(self, stream: Stream, sink: Sink, cancelled: Callable[[], bool] = _never) -> None:
         """Run ``stream`` from the next round on."""
@@ -254,7 +256,9 @@ class Scheduler:
         waiting = [task for task in self._tasks if id(task.waiting) not in feeds]
         budget = PIECE_SECONDS - max((task.paused for task in waiting), default=0.0)
         for batch, forwards in groups:
-            pace = self._pace(batch) if waiting else None
+            pace = self._pace(batch)
+            if pace is not None and not waiting and not pace.others():
+                pace = None
             rows, added = (None, 0.0)
             if pace is not None:
                 steps = sum(len(f.tokens) for f in forwards if id(f) not in feeds)

@@ -58,6 +58,11 @@ from draftwise.web import JsonBodyError, check_json_type, read_json_body
 _Q_SUM_SLACK = 1e-3
 
 
+# A session that verified this recently is taken to be drafting its next block (a draft model
+# drafts a block in well under this on a CPU): a long prompt beside it goes in paced pieces.
+ACTIVE_S = 1.0
+
+
 class VerifierError(DraftwiseError):
     """A request the server refuses: an HTTP status (``status``, this instance's own), a
     message for the client, and a ``code`` where the client acts on the kind of failure
@@ -88,6 +93,7 @@ class _Session:
     context: list[int]  # committed tokens, as the client's engine holds them
     last_used: float
     verified: bool = False  # has served a verify since it was opened
+    verified_at: float = 0.0  # when its last verify's pass ended (time.monotonic)
     # The answer's grammar, if any: it follows context[answer_start:] and masks every verify.
     grammar: GrammarSpec | None = None
     constraint: Constraint | Triggered | None = None
@@ -122,10 +128,19 @@ class VerifierService:
         if profile is not None and lm.batch is not None:
             # A long prompt opening beside other sessions' verifies goes in pieces sized by
             # the target's pass times (as serve's streams do), not pieces of its row budget.
+            # A session is in the rounds only during its verify: between two, while its client
+            # drafts, it counts as waiting as long as it verified within ``ACTIVE_S``.
             times = profile.pass_times
-            self.scheduler.pace(lm.batch, lambda rows: times.at(rows, rising=True))
+            self.scheduler.pace(lm.batch, lambda rows: times.at(rows, rising=True), self._others_active)
         self.scheduler.start()
         weakref.finalize(self, self.scheduler.close)
+
+    def _others_active(self) -> bool:
+        """Whether a session has verified within ``ACTIVE_S``: its client is drafting its next
+        block and will want a pass soon. (Read from the round thread without the table's lock:
+        the copy of the table is one step under the GIL.)"""
+        now = time.monotonic()
+        return any(s.verified and now - s.verified_at < ACTIVE_S for s in tuple(self._sessions.values()))
 
     @property
     def session_count(self) -> int:
@@ -313,7 +328,7 @@ class VerifierService:
             verdict = check.verdict
             kept = request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
             session.context = context + kept
-            session.verified = True
+            session.verified, session.verified_at = True, time.monotonic()
             self._commit(session, kept)
         return encode_verify_response(
             verdict.n_accepted, verdict.next_token, time.perf_counter() - started, check.target_token_probs
