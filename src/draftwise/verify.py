@@ -167,8 +167,7 @@ def verify_greedy(
     """
     k = draft_tokens.shape[0]
     target_choice = masked_argmax(target_logits, mask)  # [k + 1]
-    agree = (target_choice[:k] == draft_tokens).int()
-    n_accepted = int(agree.cumprod(0).sum()) if k else 0
+    n_accepted = int((target_choice[:k] == draft_tokens).int().cumprod(0).sum()) if k else 0
     return Verdict(n_accepted=n_accepted, next_token=int(target_choice[n_accepted]), n_proposed=k)
 
 
@@ -297,15 +296,15 @@ def verify(
     The probabilities reported under greedy decoding stay the plain softmax's.
     """
     k = draft_tokens.shape[0]
-    if temperature == 0 and k == 0:
-        # A plain step: the argmax and nothing else. Its per-token cost is what a plain
-        # stream pays beside the pass, which on a fast pass (a small model, a GPU) shows.
-        verdict = Verdict(n_accepted=0, next_token=int(masked_argmax(target_logits[:1], mask)[0]), n_proposed=0)
-        return verdict, torch.empty(0)  # [0]: no proposed token, no probability
     if temperature == 0:
+        verdict = verify_greedy(draft_tokens, target_logits, mask)
+        if k == 0:
+            # A plain step: the argmax and nothing else. Its per-token cost is what a plain
+            # stream pays beside the pass, which on a fast pass (a small model, a GPU) shows.
+            return verdict, torch.empty(0)  # [0]: no proposed token, no probability
         rows = target_logits[:k].float()  # [k, V]
         chosen = rows.gather(1, draft_tokens[:, None]).squeeze(1)  # [k]
-        return verify_greedy(draft_tokens, target_logits, mask), torch.exp(chosen - row_logsumexp(rows))
+        return verdict, torch.exp(chosen - row_logsumexp(rows))
     if mask is not None:
         target_logits = apply_mask(target_logits, mask)
     target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
