@@ -206,7 +206,7 @@ def test_a_verifier_counts_a_session_that_just_verified_as_wanting_a_pass_soon(t
         opened = service.open(OpenSession(prompt=[1, 2, 3], sampling=SamplingConfig(temperature=0)))
         session = service._sessions[opened.session_id]
         assert not service._others_active()  # opened, never verified
-        session.verified, session.verified_at = True, time.monotonic()
+        session.verified_at = time.monotonic()
         assert service._others_active()  # its client is drafting its next block
         session.verified_at -= ACTIVE_S
         assert not service._others_active()

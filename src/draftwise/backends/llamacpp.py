@@ -192,7 +192,6 @@ class LlamaCppWeights:
         self.path = path
         self.name = name
         self.gpu_layers = gpu_layers
-        self.device = "cpu" if gpu_layers == 0 else "cuda"
         if api.llama_model_is_recurrent(model) or api.llama_model_is_hybrid(model):
             raise ModelLoadError(
                 f"{path.name} has recurrent layers, whose state cannot be rolled back; "
@@ -205,6 +204,11 @@ class LlamaCppWeights:
         self.decoder = library().decoder
         # The tokenizer keeps the model alive: it may be kept after every sequence is gone.
         self.tokenizer = GGUFTokenizer(api, model, self.vocab, owner=self)
+
+    @property
+    def device(self) -> str:
+        """Where its layers run: ``cuda`` (every one on the GPU) or ``cpu``."""
+        return "cpu" if self.gpu_layers == 0 else "cuda"
 
     @functools.cached_property
     def kv_bytes_per_position(self) -> int:

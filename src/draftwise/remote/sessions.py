@@ -92,8 +92,8 @@ class _Session:
     sampling: SamplingConfig
     context: list[int]  # committed tokens, as the client's engine holds them
     last_used: float
-    verified: bool = False  # has served a verify since it was opened
-    verified_at: float = 0.0  # when its last verify's pass ended (time.monotonic)
+    # When its last verify's pass ended (time.monotonic); None: none since it was opened.
+    verified_at: float | None = None
     # The answer's grammar, if any: it follows context[answer_start:] and masks every verify.
     grammar: GrammarSpec | None = None
     constraint: Constraint | Triggered | None = None
@@ -140,7 +140,8 @@ class VerifierService:
         block and will want a pass soon. (Read from the round thread without the table's lock:
         the copy of the table is one step under the GIL.)"""
         now = time.monotonic()
-        return any(s.verified and now - s.verified_at < ACTIVE_S for s in tuple(self._sessions.values()))
+        done = [s.verified_at for s in tuple(self._sessions.values()) if s.verified_at is not None]
+        return any(now - at < ACTIVE_S for at in done)
 
     @property
     def session_count(self) -> int:
@@ -261,7 +262,7 @@ class VerifierService:
         candidates = [(sid, s) for sid, s in self._sessions.items() if not (idle and s.lock.locked())]
         if not candidates:
             return False
-        victim = next((sid for sid, session in candidates if session.verified), candidates[0][0])
+        victim = next((sid for sid, session in candidates if session.verified_at is not None), candidates[0][0])
         del self._sessions[victim]
         return True
 
@@ -328,7 +329,7 @@ class VerifierService:
             verdict = check.verdict
             kept = request.tokens[: verdict.n_accepted].tolist() + [verdict.next_token]
             session.context = context + kept
-            session.verified, session.verified_at = True, time.monotonic()
+            session.verified_at = time.monotonic()
             self._commit(session, kept)
         return encode_verify_response(
             verdict.n_accepted, verdict.next_token, time.perf_counter() - started, check.target_token_probs
