@@ -52,11 +52,11 @@ if [ "$backend" = cuda ]; then
     cuda_home="${CUDA_HOME:-/usr/local/cuda}"
     [ -x "$cuda_home/bin/nvcc" ] || { echo "error: no nvcc in $cuda_home/bin (set CUDA_HOME)" >&2; exit 2; }
     toolkit="$cuda_home"
+    release="$("$cuda_home/bin/nvcc" --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')"  # 13.0
     if [ ! -f "$cuda_home/include/cublas_v2.h" ]; then
         # A toolkit with cuBLAS added: a copy of this one, with PyPI's cuBLAS of nvcc's release.
         toolkit="$work/toolkit"
         if [ ! -f "$toolkit/include/cublas_v2.h" ]; then
-            release="$("$cuda_home/bin/nvcc" --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1.\2/p')"
             major="${release%%.*}"
             minor="${release#*.}"
             rm -rf "$toolkit" "$work/cublas"
@@ -118,10 +118,8 @@ platforms=(--platform manylinux2014_x86_64)
 for glibc in $(seq 17 39); do platforms+=(--platform "manylinux_2_${glibc}_x86_64"); done
 "$pip" download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
     --dest "$pack/wheels" "${pins[@]}"
-nvcc_release=""
-[ "$backend" = cuda ] && nvcc_release="$("$toolkit/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')"
 printf '{"backend": "%s", "cuda_arch": "%s", "nvcc": "%s", "llama_cpp_python": "%s", "build_seconds": %s, "cpu": "%s"}\n' \
-    "$backend" "$([ "$backend" = cuda ] && echo "$arch")" "$nvcc_release" "$version" "$built" \
+    "$backend" "$([ "$backend" = cuda ] && echo "$arch")" "${release:-}" "$version" "$built" \
     "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)" > "$pack/pack.json"
 # What travels to the GPU machine is limited in size: the libraries and the tokenizer go
 # compressed (the CUDA build's libggml-cuda alone is 60 MB, 39 MB compressed).
