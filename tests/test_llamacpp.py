@@ -9,6 +9,7 @@ logits are nearly tied (the bench's NEAR_TIE), and check that it is one.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections import Counter
@@ -202,7 +203,7 @@ def test_the_device_puts_every_layer_on_the_gpu_or_none_and_says_what_is_missing
 
     gpu = library().gpu_offload  # False on a CPU build of llama-cpp-python (CI's)
     auto = load_lm(SMOL, ModelOptions(backend="llamacpp", context=256))
-    assert auto.weights.device == ("cuda" if gpu else "cpu") and auto.fingerprint.endswith(auto.weights.device)
+    assert auto.weights.device == ("cuda" if gpu else "cpu") and f"|{auto.weights.device}|" in auto.fingerprint
     assert load_lm(SMOL, ModelOptions(backend="llamacpp", context=256, device="cpu")).weights.gpu_layers == 0
     if gpu:
         assert load_lm(SMOL, ModelOptions(backend="llamacpp", context=256, device="cuda")).weights.gpu_layers == -1
@@ -257,6 +258,64 @@ def test_a_process_that_exits_with_a_batched_context_frees_it_before_its_model()
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["llama_free", "llama_model_free"]
+
+
+KERNELS = """
+import json, os, sys
+from pathlib import Path
+import torch
+os.environ["GGML_CPU_REPACK_FROM_ROWS"] = sys.argv[2]  # before the weights load: their layouts kept, or not
+from draftwise.backends.llamacpp import library, load_llamacpp, requantized
+from draftwise.config import ModelOptions
+path = requantized(Path(sys.argv[1]), "int4", 1, print)  # Q4_0: repacked on x86
+lm = load_llamacpp("smol", path, ModelOptions(threads=1, context=256))
+ids = (lm.tokenizer.encode(sys.argv[3]) * 8)[:64]
+def scores(rows):
+    os.environ["GGML_CPU_REPACK_FROM_ROWS"] = rows
+    lm.reset()
+    return lm.forward(ids, last=len(ids))
+repacked, stock, again = scores("0"), scores("1"), scores("0")
+lm.reset()
+os.environ["GGML_CPU_REPACK_FROM_ROWS"] = "0"
+one_rows = torch.cat([lm.forward([token], last=1) for token in ids])  # the repacked GEMV, row by row
+rel = lambda a, b: float((a - b).norm() / b.norm())
+print(json.dumps({
+    "chose": library().layouts,
+    "same_kernel_same_scores": bool((repacked == again).all()),
+    "stock_differs": bool((repacked != stock).any()),
+    "stock_vs_repacked": rel(stock, repacked),
+    "one_row_vs_block": rel(one_rows, repacked),
+    "argmax_agree": float((repacked.argmax(-1) == stock.argmax(-1)).float().mean()),
+}))
+"""
+
+
+def _kernels(keep: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", KERNELS, str(model_path(REGISTRY[SMOL])), keep, PROMPT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_repacked_matrix_s_kept_file_layout_runs_the_stock_kernels_to_the_same_scores():
+    # Patch 0006: with the layouts kept, a 64-row pass at GGML_CPU_REPACK_FROM_ROWS=1 runs the
+    # stock kernels on the file layout's copy: other rounding than the repacked ones, no further
+    # from them than the repacked kernels' own one-row passes are from their 64-row pass (3% of
+    # the scores' norm on this model), where a wrong copy would score noise. The user's value
+    # stands: draftwise times nothing.
+    kept = _kernels("0")
+    assert kept["chose"] is False and kept["same_kernel_same_scores"] and kept["stock_differs"]
+    assert kept["stock_vs_repacked"] < 2 * kept["one_row_vs_block"] and kept["argmax_agree"] >= 0.9, kept
+
+
+def test_without_kept_layouts_the_switch_changes_nothing():
+    # Unset when the weights loaded: no copy exists, so no product may read one.
+    unset = _kernels("")
+    assert unset["same_kernel_same_scores"] and not unset["stock_differs"], unset
 
 
 def test_a_gguf_of_an_unknown_architecture_is_a_one_line_error(tmp_path):

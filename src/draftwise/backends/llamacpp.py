@@ -34,6 +34,7 @@ import torch
 
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.backends.llamacpp_batch import ROWS, Batcher, Decoder, Request
+from draftwise.backends.llamacpp_kernels import choose_stock_rows, keep_layouts
 from draftwise.config import Device, ModelOptions
 from draftwise.cpu import default_threads
 from draftwise.errors import ContextLengthError, ModelLoadError, SlotsFullError
@@ -88,10 +89,15 @@ class _Library:
         llama_cpp.llama_backend_init()
         self.decoder = Decoder()  # every llama_decode of the process runs on its thread
         self.exact: bool | None = None  # whether passes are row-invariant: fixed by the first model loaded
+        # Whether draftwise chooses which kernels run repacked matrices (llamacpp_kernels), and
+        # from how many rows the stock ones do, once timed on the first target.
+        self.layouts = False
+        self.stock_rows: int | None = None
 
-    def run_exact(self, exact: bool) -> None:
-        """Fix whether this process's passes are row-invariant (``ModelOptions.exact``). ggml
-        reads its switches once, at its first pass, so the first model loaded decides."""
+    def run_exact(self, exact: bool, gpu: bool = False) -> None:
+        """Fix whether this process's passes are row-invariant (``ModelOptions.exact``), and
+        whether its repacked matrices keep their file layout too (not with ``exact`` or on the
+        ``gpu``). ggml reads its switches once, so the first model loaded decides."""
         if self.exact is None:
             if exact:
                 missing = self.missing_row_invariance()
@@ -99,6 +105,7 @@ class _Library:
                     raise ModelLoadError(f"--exact needs row-invariant kernels: {missing}")
                 os.environ.update(EXACT_SWITCHES)
             self.exact = exact
+            self.layouts = keep_layouts(exact, gpu)
         elif self.exact != exact:
             raise ModelLoadError(
                 f"this process already runs llama.cpp {'with' if self.exact else 'without'} --exact, and ggml "
@@ -267,7 +274,7 @@ class LlamaCppModel:
         stat = self.weights.path.stat()
         return (
             f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
-            f"{self.n_ctx} positions|exact {library().exact}|{self.weights.device}"
+            f"{self.n_ctx} positions|exact {library().exact}|{self.weights.device}|stock from {library().stock_rows}"
         )
 
     def fork(self) -> LlamaCppModel:
@@ -392,7 +399,7 @@ def load_llamacpp(
     # threads in the next pass (a one-row pass took a quarter longer while drafting).
     torch.set_num_threads(1)
     gpu_layers = library().gpu_layers(options.device, options.exact)
-    library().run_exact(options.exact)
+    library().run_exact(options.exact, gpu=gpu_layers != 0)
     if draft and options.draft_quant != "none":
         path = requantized(path, options.draft_quant, threads, log)
     weights = LlamaCppWeights(path, source, gpu_layers=gpu_layers)
@@ -411,7 +418,10 @@ def load_llamacpp(
     batcher = Batcher(weights, n_ctx, slots, threads, BATCH if slots == 1 else ROWS)
     seq = batcher.claim()
     assert seq is not None  # a new batcher has every slot free
-    return LlamaCppModel(batcher, seq)
+    model = LlamaCppModel(batcher, seq)
+    if not draft and library().layouts and library().stock_rows is None:
+        library().stock_rows = choose_stock_rows(model, log)
+    return model
 
 
 def check_kv_memory(weights: LlamaCppWeights, n_ctx: int, slots: int) -> None:
