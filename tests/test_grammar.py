@@ -21,13 +21,13 @@ from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
 from draftwise.constrained import Constrained
 from draftwise.constraint import REASON_CHARS, GrammarDeadEnd, GrammarError, llguidance_reason
-from draftwise.drafters import ModelDrafter, NGramDrafter, build_drafter
+from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal, build_drafter
 from draftwise.engine import grammars_of
 from draftwise.grammar import GRAMMAR, Grammars
-from draftwise.lm import drive
+from draftwise.lm import drive, ready
 from draftwise.offers import PLAIN, Choice
 from draftwise.target import LocalTarget
-from draftwise.verify import apply_mask, masked_argmax, pack_bits, unpack_bits, verify
+from draftwise.verify import TokenSource, apply_mask, masked_argmax, pack_bits, unpack_bits, verify, verify_sampling
 from grammar_support import LATE_DEAD_END, UNFINISHABLE, count_compiles, optional_properties
 
 from stats_support import ALPHA, as_dist, chi2_pvalue
@@ -137,6 +137,66 @@ def test_the_same_check_fails_without_the_mask():
     generator = torch.Generator().manual_seed(7)
     counts = Counter(first_token(None, False, generator) for _ in range(N))
     assert chi2_pvalue(counts, as_dist(P * ALLOWED / (P * ALLOWED).sum())) < ALPHA
+
+
+# A draft model that puts half its mass on forbidden token 1: the grammar cuts its draft there.
+Q_ASTRAY = torch.tensor([0.20, 0.50, 0.10, 0.20])
+
+
+class Refuses:
+    """What ``Constrained`` asks of a grammar while it cuts a draft: token 1 is refused."""
+
+    def forced(self) -> list[int]:
+        return []
+
+    def cut(self, tokens, after=()) -> int:
+        return next((i for i, token in enumerate(tokens) if not ALLOWED[token]), len(tokens))
+
+
+class DrawsAstray:
+    """A draft model's one-token block, drawn from ``Q_ASTRAY``."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def propose(self, context, k, source=None):
+        drawn = torch.multinomial(Q_ASTRAY, 1, generator=self.generator)
+        return ready(Proposal(tokens=drawn, probs=Q_ASTRAY[None], source="model"))
+
+
+def first_token_after_a_cut(generator: torch.Generator, keep_refused: bool = True) -> int:
+    """A draft model's block under the grammar (cut at a refused token), verified; the first
+    token it emits."""
+    proposal = drive(Constrained(DrawsAstray(generator), Refuses()).propose([0], 1))
+    k = len(proposal)
+    logits = P.log()[None].expand(k + 1, -1)
+    rows = pack_bits(ALLOWED[None].expand(k + 1, -1))
+    refused = proposal.refused if keep_refused else None
+    verdict, _ = verify(proposal.tokens, proposal.probs, logits, 1.0, 0, 1.0, generator, rows, refused)
+    return int(proposal.tokens[0]) if verdict.n_accepted else verdict.next_token
+
+
+def test_a_draft_cut_at_a_refused_token_still_samples_the_masked_distribution():
+    # Issue 58: half the draws are token 1, cut; the token then comes from max(0, p - q).
+    generator = torch.Generator().manual_seed(11)
+    counts = Counter(first_token_after_a_cut(generator) for _ in range(N))
+    assert chi2_pvalue(counts, as_dist(P * ALLOWED / (P * ALLOWED).sum())) > ALPHA
+
+
+def test_the_cut_row_drawn_from_p_is_another_law():
+    """Control: drawn from the masked ``p`` after a cut (the refused row's ``q`` dropped), token 0
+    comes out too often; the test above would see it."""
+    generator = torch.Generator().manual_seed(11)
+    counts = Counter(first_token_after_a_cut(generator, keep_refused=False) for _ in range(N))
+    assert chi2_pvalue(counts, as_dist(P * ALLOWED / (P * ALLOWED).sum())) < ALPHA
+
+
+def test_the_worked_example_of_a_cut_row_in_closed_form():
+    # verify_sampling's docstring: masked p = [0.5, 0.5, 0], q = [0.5, 0, 0.5], the draft's
+    # token 2 refused and cut: the correction comes from max(0, p - q) = [0, 0.5, 0].
+    p = torch.tensor([[0.5, 0.5, 0.0]])
+    verdict = verify_sampling(torch.empty(0, dtype=torch.long), None, p, None, torch.tensor([0.5, 0.0, 0.5]))
+    assert (verdict.n_accepted, verdict.next_token, verdict.next_source) == (0, 1, TokenSource.CORRECTED)
 
 
 # --- a grammar's masks, forced tokens and cuts, by hand -------------------------------------------

@@ -94,8 +94,8 @@ def test_remote_greedy_is_token_identical_to_local(url, target_lm, draft_name, r
         assert remote.metrics.acceptance_rate == 1.0
     for event in remote.events:
         assert event.extra["server_seconds"] > 0 and event.extra["network_seconds"] >= 0
-        # greedy: 16-byte header + 4 bytes per proposed token; no context is re-sent
-        assert event.extra["request_bytes"] == 16 + 4 * len(event.proposed)
+        # greedy: 20-byte header + 4 bytes per proposed token; no context is re-sent
+        assert event.extra["request_bytes"] == 20 + 4 * len(event.proposed)
         assert event.extra["response_bytes"] == 12 + 4 * len(event.proposed)
     np.testing.assert_allclose(
         [p for e in remote.events for p in e.target_probs], [p for e in local.events for p in e.target_probs], rtol=1e-5
@@ -121,7 +121,7 @@ def test_seeded_sampling_gives_the_same_tokens_remotely(url, target_lm, tiny_nea
         assert 0 < remote.metrics.acceptance_rate < 1
     if draft.proposal_top:
         widths = {
-            (e.extra["request_bytes"] - 16 - 4 * len(e.proposed)) // (8 * len(e.proposed))
+            (e.extra["request_bytes"] - 20 - 4 * len(e.proposed)) // (8 * len(e.proposed))
             for e in remote.events
             if e.proposed
         }
@@ -715,6 +715,37 @@ def test_a_grammar_travels_with_the_session_and_gives_constrained_decoding(url, 
     assert result.tokens == plain.tokens and plain.metrics.finish_reason == "eos"
     assert json.loads(result.text.removesuffix("<|eos|>"))["tag"] in ("red", "green", "blue")
     assert result.metrics.proposed_by_source.get(GRAMMAR, 0) > 0  # the keys drafted from the grammar
+
+
+def test_a_sampled_draft_the_grammar_cut_gives_the_same_tokens_remotely(url, target_lm, tiny_near_draft):
+    # The row of the token the grammar refused after a block travels (refused=1), and the
+    # verifier corrects it from max(0, p - q) as a local run does (draftwise.verify.verify_sampling).
+    grammars = Grammars(target_lm.tokenizer, target_lm.vocab_size, target_lm.eos_token_ids)
+    cut = 0
+    for seed in range(6):
+        sampling = SamplingConfig(temperature=1.0, seed=seed)
+        config = GenerationConfig(max_new_tokens=60, grammar=RECORD_SPEC, draft=FIXED, sampling=sampling)
+        engine = SpeculativeEngine(
+            LocalTarget(target_lm), ModelDrafter(tiny_near_draft), tokenizer=target_lm.tokenizer, grammars=grammars
+        )
+        local = engine.generate(RECORD_PROMPT, config)
+        with connect(url, tokenizer=target_lm.tokenizer) as remote:
+            result = _remote_engine(remote, ModelDrafter(tiny_near_draft), target_lm.tokenizer).generate(
+                RECORD_PROMPT, config
+            )
+        assert result.tokens == local.tokens
+        cut += sum(
+            e.source == "model" and e.n_accepted == len(e.proposed) and e.sources[-1] == "corrected"
+            for e in local.events
+        )
+    assert cut > 0  # some block was cut at a token the grammar refused
+
+
+def test_a_refused_row_needs_the_sessions_grammar(http):
+    session = _open(http, temperature=1.0)
+    q = (np.array([[5], [6], [7]]), np.array([[1.0], [1.0], [1.0]], dtype=np.float32))
+    response = _verify(http, session, tokens=(5, 6), q=q)
+    assert response.status_code == 422 and "this session has none" in response.json()["detail"]
 
 
 def test_the_verifier_masks_every_row_with_the_sessions_grammar(target_lm):

@@ -4,7 +4,9 @@ it forbids them.
 A grammar (``draftwise.grammar``) forces text wherever it leaves no choice (keys, quotes,
 separators, a tool call's wrapper): those tokens are drafted at no cost as the source
 ``grammar``, and are always accepted. Another source's draft ends at its first token the
-grammar forbids, so that no verified row is spent on a token the mask would refuse anyway.
+grammar forbids, so that no verified row is spent on a token the mask would refuse anyway;
+a sampled draft's ``q`` at that token goes along, since the token after the block must then
+correct it (``draftwise.verify.verify_sampling``).
 """
 
 from __future__ import annotations
@@ -92,11 +94,14 @@ def _after_forced(offer: Offer, sure: int) -> Offer:
 
 
 def _cut(proposal: Proposal, keep: int) -> Proposal:
-    """The first ``keep`` tokens of ``proposal``."""
+    """The first ``keep`` tokens of ``proposal``, whose next one the grammar refuses: that
+    token's ``q`` stays as ``refused`` (verification rejects the token, see
+    ``draftwise.verify.verify_sampling``)."""
     if keep == len(proposal):
         return proposal
     probs = proposal.probs[:keep] if proposal.probs is not None else None
-    return replace(proposal, tokens=proposal.tokens[:keep], probs=probs)
+    refused = proposal.probs[keep] if proposal.probs is not None else None
+    return replace(proposal, tokens=proposal.tokens[:keep], probs=probs, refused=refused)
 
 
 def _joined(forced: list[int], proposal: Proposal) -> Proposal:

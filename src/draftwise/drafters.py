@@ -38,7 +38,9 @@ class Proposal:
     model's lazy prefill), counted apart from drafting itself; ``pass_seconds`` is what the
     draft model's own passes took (None without a model: the drafting's wall time stands).
     The first ``forced`` tokens are a grammar's forced text (``draftwise.constrained.Constrained``),
-    the rest ``source``'s.
+    the rest ``source``'s. ``refused`` is ``q`` at the position after the last token, where the
+    draft drew a token that a grammar refused and the block was cut: verification rejects it
+    there (``draftwise.verify.verify_sampling``).
     """
 
     tokens: torch.Tensor  # [k] long
@@ -48,6 +50,7 @@ class Proposal:
     catchup_tokens: int = 0
     forced: int = 0
     pass_seconds: float | None = None
+    refused: torch.Tensor | None = None  # [V] float32 or None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

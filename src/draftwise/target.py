@@ -75,7 +75,15 @@ class LocalTarget:
         info = self.lm.last_pass or PassInfo(len(feed), time.perf_counter() - started)
         s = self._config.sampling
         verdict, token_probs = verify(
-            proposal.tokens, proposal.probs, logits, s.temperature, s.top_k, s.top_p, self._generator, mask
+            proposal.tokens,
+            proposal.probs,
+            logits,
+            s.temperature,
+            s.top_k,
+            s.top_p,
+            self._generator,
+            mask,
+            proposal.refused,
         )
         # Keep the accepted tokens; the next token is fed with the next block.
         self.lm.rollback(len(context) + verdict.n_accepted)

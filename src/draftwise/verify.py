@@ -36,16 +36,20 @@ class Verdict:
     """Outcome of verifying one proposed block.
 
     ``n_accepted`` draft tokens are kept, then ``next_token`` (a correction when
-    ``n_accepted < n_proposed``, else a bonus).
+    ``n_accepted < n_proposed``, else a bonus). ``refused``: every proposed token was kept, but
+    the draft had drawn one more that a grammar refused (cut from the block, see
+    ``verify_sampling``), so ``next_token`` corrects that one.
     """
 
     n_accepted: int
     next_token: int
     n_proposed: int
+    refused: bool = False
 
     @property
     def next_source(self) -> TokenSource:
-        return TokenSource.CORRECTED if self.n_accepted < self.n_proposed else TokenSource.BONUS
+        corrected = self.n_accepted < self.n_proposed or self.refused
+        return TokenSource.CORRECTED if corrected else TokenSource.BONUS
 
 
 def logits_to_probs(
@@ -176,6 +180,7 @@ def verify_sampling(
     draft_probs: torch.Tensor | None,  # [k, V'] q per position; None = point mass on each draft token
     target_probs: torch.Tensor,  # [k + 1, V] p per position
     generator: torch.Generator | None,
+    refused: torch.Tensor | None = None,  # [V'] q of row k, where the draft drew a token the mask refuses
 ) -> Verdict:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
@@ -190,6 +195,15 @@ def verify_sampling(
     Example: ``p_0 = [0.5, 0.5]``, ``q_0 = [1, 0]``, draft ``x_0 = 0``: accepted with
     probability 0.5; when rejected the correction is token 1 (``max(0, p - q) = [0, 0.5]``),
     so token 0 and token 1 each come out half the time, as under ``p``.
+
+    Under a grammar a draft is cut before its first token the mask refuses (its ``p`` is 0
+    there), which saves a verified row; that token was still drawn from ``q_k``, and is
+    rejected as surely as if it were verified, so with ``refused`` (that ``q_k``) the token
+    after an accepted block is drawn from ``norm(max(0, p_k - q_k))``, not from ``p_k``.
+    Example: masked ``p_0 = [0.5, 0.5, 0]`` (token 2 refused), ``q_0 = [0.5, 0, 0.5]``: half
+    the time the draft is token 0, accepted; the other half it is token 2, cut, and the
+    correction comes from ``max(0, p - q) = [0, 0.5, 0]``, token 1: ``[0.5, 0.5, 0]``, as
+    ``p``. Drawn from ``p_0`` instead, it would be ``[0.75, 0.25, 0]``.
     """
     k = draft_tokens.shape[0]
     vocab = target_probs.shape[-1]
@@ -207,21 +221,25 @@ def verify_sampling(
     else:
         n_accepted = 0
 
-    if n_accepted == k:
-        next_dist = target_probs[k]
-    else:
+    residual: torch.Tensor | None = None  # [V] where a drawn draft token was rejected
+    if n_accepted < k:
         x = draft_tokens[n_accepted]
         if draft_probs is None:
             residual = target_probs[n_accepted].clone()
             residual[x] = 0.0
         else:
             residual = (target_probs[n_accepted] - draft_probs[n_accepted]).clamp_min(0.0)
+    elif refused is not None:
+        residual = (target_probs[k] - _align_vocab(refused, vocab)).clamp_min(0.0)
+    if residual is None:
+        next_dist = target_probs[k]
+    else:
         mass = residual.sum()
         # A rejection implies p(x) < q(x), hence positive residual mass; the guard only
         # covers float round-off, where p itself is the right distribution to fall back on.
         next_dist = residual / mass if mass > 0 else target_probs[n_accepted]
     next_token = sample(next_dist, generator)
-    return Verdict(n_accepted=n_accepted, next_token=next_token, n_proposed=k)
+    return Verdict(n_accepted, next_token, k, refused=n_accepted == k and refused is not None)
 
 
 def pack_bits(allowed: torch.Tensor) -> torch.Tensor:  # [n, V] bool -> [n, ceil(V / 32)] int32
@@ -282,6 +300,7 @@ def verify(
     top_p: float,
     generator: torch.Generator | None,
     mask: torch.Tensor | None = None,  # [k + 1, W] int32 bitmask (pack_bits) of each row's allowed tokens
+    refused: torch.Tensor | None = None,  # [V'] q of row k, whose draw the mask refused (``verify_sampling``)
 ) -> tuple[Verdict, torch.Tensor]:  # and [k] float32: p(x_i) of each proposed token
     """Apply the configured acceptance rule.
 
@@ -292,8 +311,9 @@ def verify(
     With a ``mask`` the verdict is that of masked decoding: greedy takes each row's argmax
     among the allowed tokens (``masked_argmax``), sampling masks the target's scores first
     (``apply_mask``). The drafter's q is left as drawn from, which keeps the rejection rule
-    exact (every draft token must be allowed: a grammar cuts drafts before they come here).
-    The probabilities reported under greedy decoding stay the plain softmax's.
+    exact (every draft token must be allowed: a grammar cuts drafts before they come here, and
+    hands the cut row's q as ``refused``). The probabilities reported under greedy decoding stay
+    the plain softmax's; greedy decoding needs no ``refused``: the masked argmax is the law.
     """
     k = draft_tokens.shape[0]
     if temperature == 0:
@@ -309,4 +329,4 @@ def verify(
         target_logits = apply_mask(target_logits, mask)
     target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
     token_probs = target_probs[:k].gather(1, draft_tokens[:, None]).squeeze(1)
-    return verify_sampling(draft_tokens, draft_probs, target_probs, generator), token_probs
+    return verify_sampling(draft_tokens, draft_probs, target_probs, generator, refused), token_probs

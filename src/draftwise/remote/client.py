@@ -79,11 +79,15 @@ class RemoteTarget:
         self.session.open(OpenSession(prompt=list(prompt), sampling=config.sampling, grammar=config.grammar))
 
     def _sparse_q(self, proposal: Proposal) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The non-zero entries of q per position ([k, n] ids and probs), or (None, None)."""
-        if self.session.sampling.greedy or proposal.probs is None or not len(proposal):
+        """The non-zero entries of q per position ([k, n] ids and probs; [k + 1, n] with the row
+        of a token the grammar refused after the block), or (None, None)."""
+        if self.session.sampling.greedy or proposal.probs is None:
+            return None, None
+        probs = proposal.probs if proposal.refused is None else torch.cat([proposal.probs, proposal.refused[None]])
+        if not len(probs):
             return None, None
         # Like the local rule, ids past the target's vocabulary (padding rows) carry no mass.
-        probs = proposal.probs[:, : self.info.vocab_size]
+        probs = probs[:, : self.info.vocab_size]
         width = int((probs > 0).sum(-1).max())
         limit = self.info.limits.max_q_entries
         if width > limit:

@@ -5,16 +5,18 @@ drafted block, is a small binary body, little-endian throughout:
 
 Request (``POST /v1/sessions/{id}/verify``, ``application/octet-stream``)::
 
-    int32 keep, int32 n_append, int32 k, int32 n_top        # 16-byte header
+    int32 keep, int32 n_append, int32 k, int32 n_top, int32 refused   # 20-byte header
     int32[n_append]  append     # committed tokens the server has not seen (normally none)
     int32[k]         tokens     # the proposed block
-    int32[k * n_top] q_ids      # sampling only: the non-zero entries of q per position
-    float32[k * n_top] q_probs
+    int32[(k + refused) * n_top] q_ids      # sampling only: the non-zero entries of q per position
+    float32[(k + refused) * n_top] q_probs
 
 The server's context becomes ``context[:keep] + append``; it already appends the accepted
 tokens and the correction or bonus itself, so in a normal step ``keep`` is its whole
 context and ``append`` is empty. ``n_top == 0`` means no draft distribution (greedy, or a
-deterministic drafter whose q is a point mass on each token).
+deterministic drafter whose q is a point mass on each token). ``refused == 1`` (with
+``n_top > 0``): the draft drew one more token after the block, which the session's grammar
+refuses, and q holds that position's row too (``draftwise.verify.verify_sampling``).
 
 Response (``application/octet-stream``)::
 
@@ -42,12 +44,12 @@ from draftwise.errors import DraftwiseError
 if TYPE_CHECKING:
     from draftwise.lm import Tokenizer
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the refused row of a draft cut by a grammar
 
 # The ``code`` of an error answer saying the answer's grammar reached a dead end.
 GRAMMAR_DEAD_END = "grammar_dead_end"
 
-_REQUEST_HEADER = struct.Struct("<iiii")
+_REQUEST_HEADER = struct.Struct("<iiiii")
 _RESPONSE_HEADER = struct.Struct("<iif")
 _INT = np.dtype("<i4")
 _FLOAT = np.dtype("<f4")
@@ -65,12 +67,17 @@ class VerifyRequest:
     keep: int
     append: np.ndarray  # [n_append] int32
     tokens: np.ndarray  # [k] int32
-    q_ids: np.ndarray  # [k, n_top] int32
-    q_probs: np.ndarray  # [k, n_top] float32
+    q_ids: np.ndarray  # [k + refused, n_top] int32
+    q_probs: np.ndarray  # [k + refused, n_top] float32
 
     @property
     def n_top(self) -> int:
         return int(self.q_ids.shape[1])
+
+    @property
+    def refused(self) -> bool:
+        """Whether q holds the row of a token drawn after the block that the grammar refused."""
+        return self.n_top > 0 and self.q_ids.shape[0] > len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -85,13 +92,14 @@ def encode_verify_request(
     keep: int,
     append: list[int],
     tokens: list[int],
-    q_ids: np.ndarray | None = None,  # [k, n_top] integer
-    q_probs: np.ndarray | None = None,  # [k, n_top] float32
+    q_ids: np.ndarray | None = None,  # [k + refused, n_top] integer
+    q_probs: np.ndarray | None = None,  # [k + refused, n_top] float32
 ) -> bytes:
     k = len(tokens)
     n_top = 0 if q_ids is None else int(q_ids.shape[1])
+    refused = int(q_ids.shape[0]) - k if q_ids is not None and n_top else 0
     parts = [
-        _REQUEST_HEADER.pack(keep, len(append), k, n_top),
+        _REQUEST_HEADER.pack(keep, len(append), k, n_top, refused),
         np.asarray(append, dtype=_INT).tobytes(),
         np.asarray(tokens, dtype=_INT).tobytes(),
     ]
@@ -106,25 +114,28 @@ def decode_verify_request(body: bytes) -> VerifyRequest:
     if len(body) < _REQUEST_HEADER.size:
         raise ProtocolError(
             f"verify body is {len(body)} bytes, shorter than its {_REQUEST_HEADER.size}-byte header "
-            "(int32 keep, n_append, k, n_top)"
+            "(int32 keep, n_append, k, n_top, refused)"
         )
-    keep, n_append, k, n_top = _REQUEST_HEADER.unpack_from(body)
+    keep, n_append, k, n_top, refused = _REQUEST_HEADER.unpack_from(body)
     for name, value in (("keep", keep), ("n_append", n_append), ("k", k), ("n_top", n_top)):
         if value < 0:
             raise ProtocolError(f"{name} must be >= 0, got {value}")
-    expected = _REQUEST_HEADER.size + 4 * (n_append + k + 2 * k * n_top)
+    if refused not in (0, 1) or (refused and not n_top):
+        raise ProtocolError(f"refused must be 0, or 1 with a q (n_top > 0), got {refused} with n_top={n_top}")
+    rows = k + refused
+    expected = _REQUEST_HEADER.size + 4 * (n_append + k + 2 * rows * n_top)
     if len(body) != expected:
         raise ProtocolError(
-            f"verify body is {len(body)} bytes but its header (n_append={n_append}, k={k}, n_top={n_top}) "
-            f"announces {expected}"
+            f"verify body is {len(body)} bytes but its header (n_append={n_append}, k={k}, n_top={n_top}, "
+            f"refused={refused}) announces {expected}"
         )
     offset = _REQUEST_HEADER.size
     arrays = []
-    for count, dtype in ((n_append, _INT), (k, _INT), (k * n_top, _INT), (k * n_top, _FLOAT)):
+    for count, dtype in ((n_append, _INT), (k, _INT), (rows * n_top, _INT), (rows * n_top, _FLOAT)):
         arrays.append(np.frombuffer(body, dtype=dtype, count=count, offset=offset))
         offset += 4 * count
     append, tokens, q_ids, q_probs = arrays
-    return VerifyRequest(keep, append, tokens, q_ids.reshape(k, n_top), q_probs.reshape(k, n_top))
+    return VerifyRequest(keep, append, tokens, q_ids.reshape(rows, n_top), q_probs.reshape(rows, n_top))
 
 
 def encode_verify_response(n_accepted: int, next_token: int, server_seconds: float, target_probs: list[float]) -> bytes:

@@ -320,9 +320,13 @@ class VerifierService:
                     f"context of {len(context)} tokens plus a block of {k} and the token it adds is over "
                     f"max_context of {self.max_context}",
                 )
+            if request.refused and session.constraint is None:
+                raise VerifierError(422, "refused=1 names a token the grammar refused, and this session has none")
+            q = None if session.sampling.greedy else self._draft_probs(request)  # [k (+ 1), V]
             proposal = Proposal(
                 tokens=torch.from_numpy(request.tokens.astype(np.int64)),
-                probs=None if session.sampling.greedy else self._draft_probs(request),
+                probs=None if q is None else q[:k],
+                refused=q[k] if q is not None and request.refused else None,
             )
             mask = self._mask(session, request, context)
             check = self.scheduler.run(session.target.verify(context, proposal, mask))
@@ -381,8 +385,9 @@ class VerifierService:
             session.last_used = time.monotonic()
             return session
 
-    def _draft_probs(self, request: VerifyRequest) -> torch.Tensor | None:  # [k, V]; None = point masses
-        """Rebuild the dense q the drafter sampled from out of its non-zero entries."""
+    def _draft_probs(self, request: VerifyRequest) -> torch.Tensor | None:  # [k (+ 1), V]; None = point masses
+        """Rebuild the dense q the drafter sampled from out of its non-zero entries (with the
+        row of the token the grammar refused after the block, where ``request.refused``)."""
         if request.n_top == 0:
             return None
         self._check_ids(request.q_ids.reshape(-1), "q_ids")
@@ -390,7 +395,7 @@ class VerifierService:
         if not np.isfinite(probs).all() or (probs < 0).any():
             raise VerifierError(422, "q_probs must be finite and non-negative")
         ids = torch.from_numpy(request.q_ids.astype(np.int64))
-        q = torch.zeros(len(request.tokens), self.vocab_size, dtype=torch.float32)
+        q = torch.zeros(len(ids), self.vocab_size, dtype=torch.float32)
         # scatter_add: padding entries (probability 0) may repeat an id without harm.
         q.scatter_add_(1, ids, torch.from_numpy(probs.copy()))
         sums = q.sum(-1)
@@ -398,7 +403,7 @@ class VerifierService:
             row = int((sums > 1 + _Q_SUM_SLACK).nonzero()[0])
             raise VerifierError(422, f"q row {row} sums to {float(sums[row]):.6f}, more than 1")
         tokens = torch.from_numpy(request.tokens.astype(np.int64))
-        q_x = q.gather(1, tokens[:, None]).squeeze(1)
+        q_x = q[: len(tokens)].gather(1, tokens[:, None]).squeeze(1)
         if (q_x <= 0).any():
             row = int((q_x <= 0).nonzero()[0])
             raise VerifierError(
