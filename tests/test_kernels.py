@@ -1,17 +1,23 @@
 """Which of ggml's kernels run a repacked matrix (draftwise.backends.llamacpp_kernels), in
-closed form: the crossover of two timed curves, when draftwise takes the choice, and the
-choice timed once with the switch at each setting, then cached. The kernels themselves, on a
-real model, are in tests/test_llamacpp.py."""
+closed form: the crossover of two timed curves, when draftwise takes the choice, which passes
+may run the stock kernels, and the choice timed once with the switch at each setting, then
+cached. The kernels themselves, on a real model, are in tests/test_llamacpp.py."""
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
 
 from draftwise.backends import llamacpp_kernels as kernels
-from draftwise.backends.llamacpp_kernels import STOCK_FROM_ROWS, choose_stock_rows, crossover, keep_layouts
+from draftwise.backends.llamacpp_batch import Request
+from draftwise.backends.llamacpp_kernels import (
+    STOCK_FROM_ROWS,
+    KernelChoice,
+    choose_stock_rows,
+    crossover,
+    keep_layouts,
+)
 
 
 def test_the_stock_kernels_take_over_from_the_fewest_rows_where_they_win_at_every_larger_size():
@@ -27,58 +33,103 @@ def test_no_crossover_where_the_largest_size_is_faster_repacked():
     assert crossover({1: 2.0, 64: 5.0}, {1: 1.0, 64: 4.0}) == 1  # faster everywhere
 
 
+class Switch:
+    """Patch 0006's switches as ggml keeps them: the first decision on the layouts stands."""
+
+    def __init__(self) -> None:
+        self.kept: bool | None = None
+        self.rows: list[int] = []
+
+    def keep_layouts(self, keep: bool) -> bool:
+        if self.kept is None:
+            self.kept = keep
+        return self.kept
+
+    def stock_from_rows(self, rows: int) -> None:
+        self.rows.append(rows)
+
+
 @pytest.mark.parametrize(
-    ("exact", "gpu", "user", "keeps", "after"),
+    ("exact", "gpu", "user", "kept", "timed", "rows"),
     [
-        (False, False, None, True, "0"),  # kept, and no product on the stock kernels until timed
-        (True, False, None, False, ""),  # --exact: no copy
-        (True, False, "32", False, ""),  # --exact: no copy, whatever a parent process set
-        (False, True, None, False, None),
-        (False, False, "48", False, "48"),  # the user's value stands
+        (False, False, None, True, True, None),  # kept, and no product on the stock kernels until timed
+        (True, False, None, False, False, 0),  # --exact: no copy
+        (True, False, "32", False, False, 0),  # --exact: no copy, whatever a parent process set
+        (False, True, None, False, False, 0),
+        (False, False, "48", None, False, 48),  # the user's value stands: ggml reads it at the load
+        (False, False, "", None, False, 0),  # set empty: no copy (ggml reads it), every product repacked
     ],
 )
-def test_the_layouts_are_kept_unless_exact_the_gpu_or_the_user_decides(monkeypatch, exact, gpu, user, keeps, after):
+def test_the_layouts_are_kept_unless_exact_the_gpu_or_the_user_decides(
+    monkeypatch, exact, gpu, user, kept, timed, rows
+):
     if user is None:
         monkeypatch.delenv(STOCK_FROM_ROWS, raising=False)
     else:
         monkeypatch.setenv(STOCK_FROM_ROWS, user)
-    assert keep_layouts(exact, gpu) is keeps
-    assert os.environ.get(STOCK_FROM_ROWS) == after
+    switch = Switch()
+    choice = keep_layouts(exact, gpu, switch)
+    assert (switch.kept, choice.timed, choice.stock_rows) == (kept, timed, rows)
+    assert keep_layouts(exact, gpu, None) == KernelChoice()  # a build without patch 0006: nothing to choose
+
+
+def test_only_a_pass_of_prompt_pieces_runs_the_stock_kernels():
+    # A verified block or a batch of one-token steps scores tokens that a stream emits: on the
+    # repacked kernels, as one-token decoding, so the choice cannot flip a near tie.
+    switch = Switch()
+    choice = KernelChoice(switch, timed=True, stock_rows=32)
+    choice.before_pass(prompt_only=True)
+    choice.before_pass(prompt_only=False)
+    assert switch.rows == [32, 0]
+    untimed = KernelChoice(switch, timed=True, stock_rows=None)
+    untimed.before_pass(prompt_only=True)
+    assert switch.rows[-1] == 0
+
+
+def test_a_request_is_a_prompt_piece_when_it_feeds_several_tokens_scored_at_the_last_only():
+    assert Request(0, [1, 2, 3], 0, want=1).prompt
+    assert not Request(0, [1, 2, 3], 0, want=3).prompt  # a verified block
+    assert not Request(0, [7], 0, want=1).prompt  # a one-token step
+
+
+def _timing(monkeypatch, tmp_path, curves):
+    """choose_stock_rows's passes, recorded with the rows the choice held while each curve was
+    timed (prompt pieces only)."""
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
+    choice = KernelChoice(Switch(), timed=True, stock_rows=None)
+    timed = []
+
+    def time_curve(lm, sizes, prompt=False):
+        assert prompt and 1 in sizes
+        timed.append(choice.stock_rows)
+        return curves[choice.stock_rows]
+
+    monkeypatch.setattr(kernels, "time_curve", time_curve)
+    return choice, timed
 
 
 def test_the_choice_is_timed_on_each_kernel_once_then_read_from_the_cache(monkeypatch, tmp_path):
-    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
-    monkeypatch.setenv(STOCK_FROM_ROWS, "0")
-    curves = {"0": {1: 0.03, 16: 0.20, 32: 0.40, 64: 0.70}, "1": {1: 0.05, 16: 0.25, 32: 0.30, 64: 0.50}}
-    timed = []
-
-    def time_curve(lm, sizes):
-        timed.append(os.environ[STOCK_FROM_ROWS])  # the switch as the passes saw it
-        return curves[os.environ[STOCK_FROM_ROWS]]
-
-    monkeypatch.setattr(kernels, "time_curve", time_curve)
+    curves = {0: {1: 0.03, 16: 0.20, 32: 0.40, 64: 0.70}, 1: {1: 0.03, 16: 0.25, 32: 0.30, 64: 0.50}}
+    choice, timed = _timing(monkeypatch, tmp_path, curves)
     target = SimpleNamespace(name="target", fingerprint="llamacpp|target", max_context=4096)
     logged = []
-    assert choose_stock_rows(target, logged.append) == 32
-    assert timed == ["0", "1"] and os.environ[STOCK_FROM_ROWS] == "32" and len(logged) == 1
-    os.environ[STOCK_FROM_ROWS] = "0"
-    assert choose_stock_rows(target, logged.append) == 32  # cached: no pass timed again
-    assert timed == ["0", "1"] and os.environ[STOCK_FROM_ROWS] == "32"
+    assert choose_stock_rows(target, choice, logged.append) == 32
+    assert timed == [0, 1] and choice.stock_rows == 32 and len(logged) == 1
+    choice.stock_rows = None
+    assert choose_stock_rows(target, choice, logged.append) == 32  # cached: no pass timed again
+    assert timed == [0, 1] and choice.stock_rows == 32
 
 
 def test_a_choice_timed_on_a_busy_machine_is_not_cached(monkeypatch, tmp_path):
-    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
     busy = {1: 0.03, 64: 9.0}  # 64 rows slower than 64 one-row passes: not this machine's curve
-    monkeypatch.setattr(kernels, "time_curve", lambda lm, sizes: busy)
+    choice, _ = _timing(monkeypatch, tmp_path, {0: busy, 1: busy})
     target = SimpleNamespace(name="target", fingerprint="llamacpp|target", max_context=4096)
-    assert choose_stock_rows(target, lambda line: None) == 0
+    assert choose_stock_rows(target, choice, lambda line: None) == 0
     assert not (tmp_path / "costs.json").exists()
 
 
 def test_a_context_too_short_to_time_both_kernels_keeps_every_product_repacked(monkeypatch, tmp_path):
-    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
-    monkeypatch.setenv(STOCK_FROM_ROWS, "0")
-    monkeypatch.setattr(kernels, "time_curve", lambda lm, sizes: pytest.fail("timed in a context too short"))
+    choice, timed = _timing(monkeypatch, tmp_path, {})
     target = SimpleNamespace(name="target", fingerprint="llamacpp|target", max_context=256)
-    assert choose_stock_rows(target, lambda line: None) == 0
-    assert os.environ[STOCK_FROM_ROWS] == "0"
+    assert choose_stock_rows(target, choice, lambda line: None) == 0
+    assert timed == [] and choice.stock_rows == 0

@@ -9,6 +9,7 @@ logits are nearly tied (the bench's NEAR_TIE), and check that it is one.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -269,28 +270,44 @@ from draftwise.backends.llamacpp import library, load_llamacpp, requantized
 from draftwise.config import ModelOptions
 path = requantized(Path(sys.argv[1]), "int4", 1, print)  # Q4_0: repacked on x86
 lm = load_llamacpp("smol", path, ModelOptions(threads=1, context=256))
+choice = library().kernels
 ids = (lm.tokenizer.encode(sys.argv[3]) * 8)[:64]
-def scores(rows):
-    os.environ["GGML_CPU_REPACK_FROM_ROWS"] = rows
+class Every:  # the patch alone: every product from ``rows`` rows on the stock kernels
+    rows = 0
+    def before_pass(self, prompt_only):
+        choice.switch.stock_from_rows(self.rows)
+def block(rows, kernels):  # a verified block's scores
+    kernels.rows = kernels.stock_rows = rows
+    lm.weights.kernels = kernels
     lm.reset()
     return lm.forward(ids, last=len(ids))
-repacked, stock, again = scores("0"), scores("1"), scores("0")
+def prompt(rows):  # a prompt piece's last row, then a one-token step on the cache it wrote
+    choice.stock_rows = rows
+    lm.weights.kernels = choice
+    lm.reset()
+    return torch.cat([lm.forward(ids[:-1], last=1), lm.forward(ids[-1:], last=1)])
+every = Every()
+repacked, stock, again = block(0, every), block(1, every), block(0, every)
 lm.reset()
-os.environ["GGML_CPU_REPACK_FROM_ROWS"] = "0"
 one_rows = torch.cat([lm.forward([token], last=1) for token in ids])  # the repacked GEMV, row by row
 rel = lambda a, b: float((a - b).norm() / b.norm())
 print(json.dumps({
-    "chose": library().layouts,
+    "chose": choice.timed,
+    "user_rows": library().kernels.stock_rows,
     "same_kernel_same_scores": bool((repacked == again).all()),
     "stock_differs": bool((repacked != stock).any()),
     "stock_vs_repacked": rel(stock, repacked),
     "one_row_vs_block": rel(one_rows, repacked),
     "argmax_agree": float((repacked.argmax(-1) == stock.argmax(-1)).float().mean()),
+    "rule_block_as_repacked": bool((block(1, choice) == repacked).all()),
+    "rule_prompt_stock": bool((prompt(1) != prompt(0)).any()),
 }))
 """
 
 
+@functools.cache
 def _kernels(keep: str) -> dict[str, object]:
+    """What KERNELS measured in a fresh process, with the user's variable set to ``keep``."""
     done = subprocess.run(
         [sys.executable, "-c", KERNELS, str(model_path(REGISTRY[SMOL])), keep, PROMPT],
         capture_output=True,
@@ -302,20 +319,31 @@ def _kernels(keep: str) -> dict[str, object]:
 
 
 def test_a_repacked_matrix_s_kept_file_layout_runs_the_stock_kernels_to_the_same_scores():
-    # Patch 0006: with the layouts kept, a 64-row pass at GGML_CPU_REPACK_FROM_ROWS=1 runs the
-    # stock kernels on the file layout's copy: other rounding than the repacked ones, no further
-    # from them than the repacked kernels' own one-row passes are from their 64-row pass (3% of
-    # the scores' norm on this model), where a wrong copy would score noise. The user's value
-    # stands: draftwise times nothing.
+    # Patch 0006: with the layouts kept, a 64-row pass with every product from 1 row on the
+    # stock kernels runs them on the file layout's copy: other rounding than the repacked ones,
+    # no further from them than the repacked kernels' own one-row passes are from their 64-row
+    # pass (3% of the scores' norm on this model), where a wrong copy would score noise. The
+    # user's value stands: draftwise times nothing.
     kept = _kernels("0")
-    assert kept["chose"] is False and kept["same_kernel_same_scores"] and kept["stock_differs"]
-    assert kept["stock_vs_repacked"] < 2 * kept["one_row_vs_block"] and kept["argmax_agree"] >= 0.9, kept
+    assert kept["chose"] is False and kept["user_rows"] == 0 and kept["same_kernel_same_scores"], kept
+    assert kept["stock_differs"] and kept["stock_vs_repacked"] < 2 * kept["one_row_vs_block"], kept
+    assert kept["argmax_agree"] >= 0.9, kept
+
+
+def test_under_the_kernel_choice_a_verified_block_scores_as_on_the_repacked_kernels():
+    # Issue 61: stock from 1 row, as draftwise's choice may set it. A prompt piece runs the stock
+    # kernels (its last row and the step after it score otherwise), but a verified block of 64
+    # rows scores bit for bit as with every product repacked, as one-token decoding runs: the
+    # choice cannot turn a near tie that plain decoding resolves one way the other way.
+    kept = _kernels("0")
+    assert kept["rule_prompt_stock"] and kept["rule_block_as_repacked"], kept
 
 
 def test_without_kept_layouts_the_switch_changes_nothing():
-    # Unset when the weights loaded: no copy exists, so no product may read one.
+    # Set empty when the weights loaded: no copy exists, so no product may read one.
     unset = _kernels("")
     assert unset["same_kernel_same_scores"] and not unset["stock_differs"], unset
+    assert not unset["rule_prompt_stock"] and unset["rule_block_as_repacked"], unset
 
 
 def test_a_gguf_of_an_unknown_architecture_is_a_one_line_error(tmp_path):

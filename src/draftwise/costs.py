@@ -50,18 +50,23 @@ def _fastest(run: Callable[[], None], repeats: int = REPEATS) -> float:
 
 
 def time_passes(
-    lm: LanguageModel, sizes: Sequence[int], context: Sequence[int] | None = None, repeats: int = REPEATS
+    lm: LanguageModel,
+    sizes: Sequence[int],
+    context: Sequence[int] | None = None,
+    repeats: int = REPEATS,
+    prompt: bool = False,
 ) -> dict[int, float]:
-    """Seconds of a pass scoring all of its ``n`` new tokens, for each ``n``, after ``context``
-    (``CONTEXT`` tokens of plain text by default): the fastest of ``repeats``. The new tokens
-    are the context's own, repeated as far as the largest size needs."""
+    """Seconds of a pass scoring all of its ``n`` new tokens (a verified block), or with
+    ``prompt`` only its last (a prompt's piece), for each ``n``, after ``context`` (``CONTEXT``
+    tokens of plain text by default): the fastest of ``repeats``. The new tokens are the
+    context's own, repeated as far as the largest size needs."""
     context = list(context) if context is not None else plain_context(lm)
     block = (context * (max(sizes) // len(context) + 1))[: max(sizes)]
     lm.reset()
     lm.forward(context, last=1)
 
     def one(n: int) -> None:
-        lm.forward(block[:n], last=n)
+        lm.forward(block[:n], last=1 if prompt else n)
         lm.rollback(len(context))
 
     one(1)  # the first call pages weights in and picks kernels
@@ -89,14 +94,14 @@ def plausible(times: dict[int, float]) -> bool:
     return one is not None and all(seconds <= n * one for n, seconds in times.items())
 
 
-def time_curve(lm: LanguageModel, sizes: Sequence[int]) -> dict[int, float]:
+def time_curve(lm: LanguageModel, sizes: Sequence[int], prompt: bool = False) -> dict[int, float]:
     """``time_passes`` over ``sizes`` (1 among them), again while the curve is not
     ``plausible``, at most ``ATTEMPTS`` times; each size's fastest pass."""
-    times = time_passes(lm, sizes)
+    times = time_passes(lm, sizes, prompt=prompt)
     for _ in range(ATTEMPTS - 1):
         if plausible(times):
             break
-        again = time_passes(lm, sizes)
+        again = time_passes(lm, sizes, prompt=prompt)
         times = {n: min(seconds, again[n]) for n, seconds in times.items()}
     return times
 

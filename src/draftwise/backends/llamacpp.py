@@ -34,7 +34,7 @@ import torch
 
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.backends.llamacpp_batch import ROWS, Batcher, Decoder, Request
-from draftwise.backends.llamacpp_kernels import choose_stock_rows, keep_layouts
+from draftwise.backends.llamacpp_kernels import KernelChoice, choose_stock_rows, ggml_switch, keep_layouts
 from draftwise.config import Device, ModelOptions
 from draftwise.cpu import default_threads
 from draftwise.errors import ContextLengthError, ModelLoadError, SlotsFullError
@@ -89,10 +89,9 @@ class _Library:
         llama_cpp.llama_backend_init()
         self.decoder = Decoder()  # every llama_decode of the process runs on its thread
         self.exact: bool | None = None  # whether passes are row-invariant: fixed by the first model loaded
-        # Whether draftwise chooses which kernels run repacked matrices (llamacpp_kernels), and
-        # from how many rows the stock ones do, once timed on the first target.
-        self.layouts = False
-        self.stock_rows: int | None = None
+        # Which kernels run repacked matrices (llamacpp_kernels): fixed with the first model
+        # loaded, the rows from which prompt pieces run the stock ones timed on the first target.
+        self.kernels = KernelChoice()
 
     def run_exact(self, exact: bool, gpu: bool = False) -> None:
         """Fix whether this process's passes are row-invariant (``ModelOptions.exact``), and
@@ -105,7 +104,7 @@ class _Library:
                     raise ModelLoadError(f"--exact needs row-invariant kernels: {missing}")
                 os.environ.update(EXACT_SWITCHES)
             self.exact = exact
-            self.layouts = keep_layouts(exact, gpu)
+            self.kernels = keep_layouts(exact, gpu, ggml_switch(self.api.llama_cpp._lib))
         elif self.exact != exact:
             raise ModelLoadError(
                 f"this process already runs llama.cpp {'with' if self.exact else 'without'} --exact, and ggml "
@@ -209,6 +208,7 @@ class LlamaCppWeights:
         self.n_ctx_train = int(api.llama_model_n_ctx_train(model))
         self.file_type = _file_type_name(api, int(api.llama_model_ftype(model)))
         self.decoder = library().decoder
+        self.kernels = library().kernels  # the pass's kernels are set just before it runs
         # The tokenizer keeps the model alive: it may be kept after every sequence is gone.
         self.tokenizer = GGUFTokenizer(api, model, self.vocab, owner=self)
 
@@ -274,7 +274,8 @@ class LlamaCppModel:
         stat = self.weights.path.stat()
         return (
             f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
-            f"{self.n_ctx} positions|exact {library().exact}|{self.weights.device}|stock from {library().stock_rows}"
+            f"{self.n_ctx} positions|exact {library().exact}|{self.weights.device}|"
+            f"prompts stock from {library().kernels.stock_rows}"
         )
 
     def fork(self) -> LlamaCppModel:
@@ -419,8 +420,9 @@ def load_llamacpp(
     seq = batcher.claim()
     assert seq is not None  # a new batcher has every slot free
     model = LlamaCppModel(batcher, seq)
-    if not draft and library().layouts and library().stock_rows is None:
-        library().stock_rows = choose_stock_rows(model, log)
+    kernels = library().kernels
+    if not draft and kernels.timed and kernels.stock_rows is None:
+        choose_stock_rows(model, kernels, log)
     return model
 
 

@@ -84,6 +84,12 @@ class Request:
     def left(self) -> int:
         return len(self.tokens) - self.fed
 
+    @property
+    def prompt(self) -> bool:
+        """A prompt (or a draft's catch-up): several tokens scored at the last one only. A
+        one-token step and a verified block score every token they emit."""
+        return self.want == 1 and len(self.tokens) > 1
+
     def result(self) -> torch.Tensor:  # [want, V]
         return self.rows[0] if len(self.rows) == 1 else torch.cat(self.rows)
 
@@ -160,6 +166,7 @@ class _Context:
                 n += 1
             outputs.append((request, max(0, first + take - out_from)))
         self.batch.n_tokens = n
+        self.weights.kernels.before_pass(all(request.prompt for request, _ in plan))
         started = time.perf_counter()
         status = self.decoder.run(self.api.llama_decode, self.ctx, self.batch)
         if status != 0:

@@ -2,45 +2,118 @@
 
 On x86 llama.cpp repacks Q4_K, Q4_0 and a few other weight types at load into a layout whose
 kernels are the fastest for a product over a few rows. On some CPUs ggml's stock kernels, on
-the file's own layout, are far faster for many rows (a prompt's pieces, a long block to
-verify), and on others they are not (docs/speed.md#kernels-chosen-by-timing): no one rule
-fits every host. Draftwise's patch 0006 lets ggml keep both layouts (``STOCK_FROM_ROWS`` set
-before the first weights load) and run a product over at least that variable's rows on the
-stock kernels. ``choose_stock_rows`` times the target's passes both ways once per model and
-CPU (cached with the cost policy's curve) and sets the rows from which the stock kernels were
-the faster at every size timed; where they never were, every product stays repacked.
+the file's own layout, are far faster for many rows (a prompt's pieces), and on others they
+are not (docs/speed.md#kernels-chosen-by-timing): no one rule fits every host. Draftwise's
+patch 0006 lets ggml keep both layouts (``GgmlSwitch.keep_layouts`` before the first weights
+load) and run a product over at least ``GgmlSwitch.stock_from_rows`` rows on the stock
+kernels. ``choose_stock_rows`` times the target's prompt pieces both ways once per model and
+CPU (cached with the cost policy's curve) and returns the rows from which the stock kernels
+were the faster at every size timed; where they never were, every product stays repacked.
 
-Not under ``--exact``, whatever the variable says: its row invariance is the repacked
-kernels' (docs/exactness.md). Not where the GPU holds the layers. A value the user set stands,
-untimed; set empty, ggml keeps no copy and the repacked kernels run everything, as in stock
-llama.cpp.
+Only a pass of prompt pieces runs the stock kernels (``stock_rows_for``): a pass that scores a
+token a stream emits from a drafted block or a one-token step (every verified block, every
+batch of decoding streams) stays on the repacked kernels, as one-token decoding does, so the
+choice cannot turn a near tie that plain decoding resolves one way the other way
+(docs/exactness.md#which-kernels-run-which-pass). Plain decoding reads its prompt in the same
+pieces on the same kernels, so its first token and its cache agree with a speculative run's.
+
+Not under ``--exact``: its row invariance is the repacked kernels'. Not where the GPU holds the
+layers. The user's ``GGML_CPU_REPACK_FROM_ROWS``, where set, stands untimed: empty, ggml keeps
+no copy and the repacked kernels run everything, as in stock llama.cpp; a number, the rows
+from which prompt pieces run the stock kernels.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
 from draftwise.costs import CONTEXT, CostCache, plausible, time_curve
 from draftwise.lm import LanguageModel
 
-STOCK_FROM_ROWS = "GGML_CPU_REPACK_FROM_ROWS"  # read by patch 0006; 0: never the stock kernels
-# Pass sizes timed on each layout: a one-token step, the policy's blocks, a prompt's pieces.
+STOCK_FROM_ROWS = "GGML_CPU_REPACK_FROM_ROWS"  # the user's say, read by patch 0006 at the first load
+# Prompt pieces timed on each layout, from a prompt's short tail to the pieces of a long one (one
+# row, a one-token step, runs repacked both times: the reference a curve is ``plausible`` by).
 KERNEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def keep_layouts(exact: bool, gpu: bool) -> bool:
-    """Before the process's first weights load: whether draftwise chooses the kernels, in which
-    case ggml is told to keep each repacked matrix's file layout (none used yet). With ``exact``
-    no copy is kept, whatever value this process inherited: its row invariance is the repacked
-    kernels'."""
-    if exact:
-        os.environ[STOCK_FROM_ROWS] = ""
-        return False
-    if gpu or STOCK_FROM_ROWS in os.environ:
-        return False
-    os.environ[STOCK_FROM_ROWS] = "0"
-    return True
+class GgmlSwitch(Protocol):
+    """Patch 0006's two switches in ggml's CPU backend."""
+
+    def keep_layouts(self, keep: bool) -> bool:
+        """Before the first weights load: whether repacked matrices keep their file layout too.
+        Returns the decision in force (a load, or an earlier call, may have made it)."""
+        ...
+
+    def stock_from_rows(self, rows: int) -> None:
+        """From how many rows the next products run the stock kernels (0: never)."""
+        ...
+
+
+class _LibrarySwitch:
+    """``GgmlSwitch`` through ctypes, on the libggml-cpu that llama-cpp-python loaded."""
+
+    def __init__(self, llama: ctypes.CDLL) -> None:
+        self._keep = llama.ggml_cpu_repack_keep_layouts
+        self._keep.argtypes, self._keep.restype = [ctypes.c_int], ctypes.c_int
+        self._rows = llama.ggml_cpu_repack_stock_from_rows
+        self._rows.argtypes, self._rows.restype = [ctypes.c_int64], None
+
+    def keep_layouts(self, keep: bool) -> bool:
+        return bool(self._keep(int(keep)))
+
+    def stock_from_rows(self, rows: int) -> None:
+        self._rows(rows)
+
+
+def ggml_switch(llama: ctypes.CDLL) -> GgmlSwitch | None:
+    """The switches of the libggml-cpu that ``llama`` (the loaded libllama) runs on, or None for
+    a build without patch 0006. They are looked up through libllama's own handle: a wheel holds
+    each library under several names as copies, not links, and a copy opened by another name
+    would be a second library with switches of its own that no pass reads."""
+    if not hasattr(llama, "ggml_cpu_repack_stock_from_rows"):
+        return None
+    return _LibrarySwitch(llama)
+
+
+@dataclass
+class KernelChoice:
+    """What this process runs repacked matrices on. ``timed``: draftwise times the target's
+    passes to set ``stock_rows`` (None until it has); otherwise ``stock_rows`` is fixed (the
+    user's, or 0: every product repacked)."""
+
+    switch: GgmlSwitch | None = None
+    timed: bool = False
+    stock_rows: int | None = 0
+
+    def stock_rows_for(self, prompt_only: bool) -> int:
+        """The rows from which a pass runs the stock kernels: none unless every sequence in it
+        feeds prompt pieces (see the module's docstring)."""
+        return (self.stock_rows or 0) if prompt_only else 0
+
+    def before_pass(self, prompt_only: bool) -> None:
+        if self.switch is not None:
+            self.switch.stock_from_rows(self.stock_rows_for(prompt_only))
+
+
+def keep_layouts(exact: bool, gpu: bool, switch: GgmlSwitch | None) -> KernelChoice:
+    """Before the process's first weights load: who chooses the kernels. With ``exact`` (or on
+    the ``gpu``) ggml keeps no copy, whatever this process inherited: ``exact``'s row
+    invariance is the repacked kernels'. A value of ``STOCK_FROM_ROWS`` the user set stands.
+    Otherwise ggml keeps both layouts and draftwise times them (``choose_stock_rows``)."""
+    if switch is None:
+        return KernelChoice()
+    if exact or gpu:
+        switch.keep_layouts(False)
+        return KernelChoice(switch)
+    user = os.environ.get(STOCK_FROM_ROWS)
+    if user is not None:
+        rows = user.strip()
+        return KernelChoice(switch, stock_rows=int(rows) if rows.isdigit() else 0)
+    return KernelChoice(switch, timed=switch.keep_layouts(True), stock_rows=None)
 
 
 def crossover(repacked: Mapping[int, float], stock: Mapping[int, float]) -> int:
@@ -60,24 +133,24 @@ def crossover(repacked: Mapping[int, float], stock: Mapping[int, float]) -> int:
     return rows
 
 
-def choose_stock_rows(target: LanguageModel, log: Callable[[str], None]) -> int:
-    """Time ``target``'s passes over ``KERNEL_SIZES`` rows on the repacked kernels and on the
-    stock ones (or read the choice from the cache), set ``STOCK_FROM_ROWS`` to the
+def choose_stock_rows(target: LanguageModel, choice: KernelChoice, log: Callable[[str], None]) -> int:
+    """Time ``target``'s prompt pieces of ``KERNEL_SIZES`` rows on the repacked kernels and on
+    the stock ones (or read the choice from the cache), set ``choice.stock_rows`` to the
     ``crossover`` and return it (0 for a context too short to time them in, which keeps every
     product repacked). Call once, with the layouts kept and no pass under way."""
-    if (target.max_context or 0) < CONTEXT + max(KERNEL_SIZES):
-        return 0
-    cache = CostCache()
-    key = cache.key(target, f"stock rows {','.join(map(str, KERNEL_SIZES))}")
-    rows = cache.get(key)
-    if rows is None:
-        log(f"timing {target.name}'s passes on ggml's two kernel layouts (once on this machine; cached)")
-        os.environ[STOCK_FROM_ROWS] = "0"
-        repacked = time_curve(target, KERNEL_SIZES)
-        os.environ[STOCK_FROM_ROWS] = "1"
-        stock = time_curve(target, KERNEL_SIZES)
-        rows = crossover(repacked, stock)
-        if plausible(repacked) and plausible(stock):
-            cache.put(key, rows)
-    os.environ[STOCK_FROM_ROWS] = str(int(rows))
-    return int(rows)
+    rows = 0
+    if (target.max_context or 0) >= CONTEXT + max(KERNEL_SIZES):
+        cache = CostCache()
+        key = cache.key(target, f"stock rows for prompts {','.join(map(str, KERNEL_SIZES))}")
+        rows = cache.get(key)
+        if rows is None:
+            log(f"timing {target.name}'s prompt pieces on ggml's two kernel layouts (once on this machine; cached)")
+            choice.stock_rows = 0
+            repacked = time_curve(target, KERNEL_SIZES, prompt=True)
+            choice.stock_rows = 1
+            stock = time_curve(target, KERNEL_SIZES, prompt=True)
+            rows = crossover(repacked, stock)
+            if plausible(repacked) and plausible(stock):
+                cache.put(key, rows)
+    choice.stock_rows = int(rows)
+    return choice.stock_rows
