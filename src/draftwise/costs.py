@@ -21,7 +21,7 @@ from typing import Any
 from draftwise.cpu import cpu_name, cpuinfo_text, kernel_flags
 from draftwise.drafters import MODEL
 from draftwise.lm import LanguageModel
-from draftwise.profile import CostProfile
+from draftwise.profile import OUTLIER, CostProfile
 from draftwise.registry import home
 
 CONTEXT = 256  # context the passes are timed after: a typical prompt's length
@@ -82,16 +82,24 @@ ATTEMPTS = 3
 
 def plausible(times: dict[int, float]) -> bool:
     """Whether a timed curve can be this machine's own: a pass over ``n`` rows does at most
-    ``n`` times the work of a one-row pass, so it never takes longer than ``n`` of them. A curve
-    timed while something else took the cores breaks that (one timed beside a compiler read
-    1 / 2 / 6 rows as 65 / 156 / 1377 ms, where the idle machine takes about 30 / 50 / 90),
-    and would keep the cost policy from drafting on this machine for good.
+    ``n`` times the work of a one-row pass, so it never takes longer than ``n`` of them; and
+    ``n / m`` times the work of one over ``m`` rows, so where it took more than ``OUTLIER``
+    times that, it stalled (kernels that change with the size, 8 rows costing more than two
+    4-row passes on an AMD EPYC, stay well within it). A curve timed while something else took
+    the cores breaks these (one timed beside a compiler read 1 / 2 / 6 rows as 65 / 156 /
+    1377 ms, where the idle machine takes about 30 / 50 / 90; the Intel host's first `make run`
+    cached 48 / 49 rows as 0.95 / 2.06 s), and would misprice blocks on this machine for good.
 
     >>> plausible({1: 0.030, 2: 0.051, 8: 0.182}), plausible({1: 0.065, 2: 0.156, 6: 1.377})
     (True, False)
+    >>> plausible({1: 0.093, 4: 0.176, 48: 0.953, 49: 2.060})
+    False
     """
     one = times.get(1)
-    return one is not None and all(seconds <= n * one for n, seconds in times.items())
+    if one is None or any(seconds > n * one for n, seconds in times.items()):
+        return False
+    sizes = sorted(times)
+    return all(times[n] <= OUTLIER * n / m * times[m] for i, m in enumerate(sizes) for n in sizes[i + 1 :])
 
 
 def time_curve(lm: LanguageModel, sizes: Sequence[int], prompt: bool = False) -> dict[int, float]:

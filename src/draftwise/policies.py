@@ -79,8 +79,9 @@ class Arm:
 
     choice: Choice
     rate: float  # expected tokens per second of the rounds the step runs in
-    seconds: float  # what the step itself is expected to take, a catch-up included whole
+    seconds: float  # what the step itself is expected to take, a catch-up left out
     failed: float = 1.0  # tokens its rounds emit, all streams', if no guessed token is kept
+    catchup: float = 0.0  # what the source must feed before it drafts, whole (paid once)
 
     def describe(self) -> tuple[str, int, float]:
         """(source or "plain", k, expected tokens per second): what the events carry."""
@@ -110,22 +111,29 @@ class CostAwareK:
        passes keep it out of ``r`` rounds, so only sure, cheap drafts pay. Streams, not rows:
        a prompt fed in pieces puts many rows in a pass and emits nothing (counted as rows, it
        made a 12-token draft model block look free beside it).
-    4. **Explore.** Where some arm, at an optimistic acceptance (``Acceptance.rates``), would
-       beat the choice, it is tried instead if the exploration budget covers what it loses
-       against plain decoding when nothing is kept; the budget pays only for steps that lost.
-       It opens full, at ``OPENING`` plain tokens' time, and refills at ``ALLOWANCE`` of the
-       time decoded: an unknown source is tried early, a hopeless one only as often as the
-       refills pay for its failures. The budget is the profile's (``CostProfile.budget``): a
-       server's streams and requests, or a bench's prompts, share one, so it opens once for
-       all of them, and the streams of a round refill it together at ``ALLOWANCE`` of its time.
-    5. **Guard.** The account starts at zero; every step pays ``ALLOWANCE`` of its time into it,
-       and every drafting step what it earned against plain decoding: the tokens its rounds
-       emitted times the measured time of a plain token, less its own measured time (negative
-       when it lost). While the account is below zero, nothing is guessed (a grammar's forced
-       tokens, sure and free, still go). So on any host, and
-       whatever the estimates get wrong, drafting costs a run at most ``ALLOWANCE`` of its
-       decoding time plus the loss of the one step that overdrew (with the default ``k_max``,
-       a 13-row pass against a one-row one).
+    4. **Explore.** Where some arm, at an optimistic acceptance, would beat the choice, the
+       most promising such arm is tried instead, a source never tried first (while another's
+       probes run, its catch-up only grows), if its source's budget covers what the block
+       loses against plain decoding when nothing is kept and the source's catch-up is at most
+       ``ALLOWANCE`` of the plain time left in the run. The optimistic acceptance is one
+       Hoeffding width above the record at confidence ``1 / steps``, as UCB1 explores
+       (``Acceptance.rates``), at most ``PLAUSIBLE``: a source whose first blocks failed by
+       chance is tried again, ever more rarely. Each source's budget (shared by the streams
+       and requests of its profile, ``CostProfile.budgets``) opens at ``OPENING`` plain
+       tokens' time, refills at its share of ``ALLOWANCE`` of the time decoded, and pays for
+       the probes that lost; a source that loses uses up no other's budget.
+    5. **Guard.** Each source has an account, opened at ``OPENING`` plain tokens' time, that
+       every step pays its share of ``ALLOWANCE`` of the step's time into, and every drafting
+       step of the source what it earned against plain decoding: the tokens its rounds emitted
+       times the measured time of a plain token, less its own measured time (negative when it
+       lost). A catch-up is an investment that the steps after it repay, not the block's loss,
+       and is left out. While a source's account is below zero, it guesses nothing (a
+       grammar's forced tokens, sure and free, still go). So on any host, and whatever the
+       estimates get wrong, drafting costs a run at most ``ALLOWANCE`` of its decoding time,
+       plus per source its opening and the loss of the one step that overdrew its account
+       (with the default ``k_max``, a 13-row pass against a one-row one), plus the catch-ups
+       of its probes, each at most ``ALLOWANCE`` of the run (step 4). An unlucky first block of
+       a good source does not shut it out, and a source that loses shuts out no other.
 
     **Beside other streams** a step's loss is everyone's: its rows slow the pass the ``S``
     others ride in. So steps 4 and 5 count in the round's tokens (a plain token takes the
@@ -164,7 +172,10 @@ class CostAwareK:
         self.k_max = config.k_max
         self.k_long = max(config.k_max, config.k_long)
         self.profile = profile or CostProfile()
-        self.account = 0.0  # seconds drafting is ahead of plain decoding, plus the allowance
+        # Per source: seconds its drafting is ahead of plain decoding, plus its allowance (step 5).
+        self.accounts: dict[str, float] = {}
+        self._exploring = False  # whether the last choice was a probe (step 4), not the best arm
+        self.steps = 0  # steps learnt from: the optimistic acceptance's confidence grows with them
         self.others_rows = self.profile.others_rows  # rows of other streams in the last pass ours rode in
         self.others_streams = self.profile.others_streams  # and the streams they belong to
         # This stream's acceptance, from the last generation's (a prompt of its own may differ).
@@ -220,7 +231,7 @@ class CostAwareK:
         plain = self.pass_times.at(1) or 0.0
         draft = self.profile.draft_token_seconds.get(offer.source, offer.cost_hint * plain)
         catchup = offer.behind * self.profile.catchup_token_seconds.get(offer.source, self.CATCHUP_GUESS * plain)
-        expected = self.acceptance(offer.stats_key).expected(max(0, top - offer.sure), optimistic)
+        expected = self.acceptance(offer.stats_key).expected(max(0, top - offer.sure), optimistic, self.steps)
         arms = []
         for k in range(1, top + 1):
             guessed = max(0, k - offer.sure)
@@ -231,7 +242,7 @@ class CostAwareK:
             spread = seconds + fed / min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
             others_tokens = self.others_streams * (1 + rounds)
             rate = (others_tokens + tokens) / spread if spread > 0 else 0.0
-            arms.append(Arm(Choice(offer, k), rate, seconds + fed, others_tokens + min(k, offer.sure) + 1))
+            arms.append(Arm(Choice(offer, k), rate, seconds, others_tokens + min(k, offer.sure) + 1, fed))
         return arms
 
     def choose(self, offers: Sequence[Offer], remaining: int) -> Choice:
@@ -239,51 +250,64 @@ class CostAwareK:
         if plain.seconds <= 0:
             self.weighed = (plain,)
             return PLAIN  # one plain step first: it measures what drafting has to beat
-        if self.profile.budget is None:
-            self.profile.budget = self.OPENING / plain.rate
-        priced = sorted((a for o in offers for a in self.arms(o, remaining)), key=lambda a: -a.rate)
+        for offer in offers:  # a source offered for the first time opens its account and budget
+            self.accounts.setdefault(offer.source, self.OPENING / plain.rate)
+            self.profile.budgets.setdefault(offer.source, self.OPENING / plain.rate)
+        priced = sorted((a for o in offers for a in self.arms(o, remaining) if self._allows(a)), key=lambda a: -a.rate)
         best = priced[0] if priced and priced[0].rate > plain.rate else plain
-        taken = self._take(offers, remaining, best, plain, priced)
+        taken = self._explore(offers, remaining, best, plain)
+        self._exploring = taken is not best
         self.weighed = tuple(dict.fromkeys((taken, best, *priced[:2], plain)))[:4]
         return taken.choice
 
-    def _take(self, offers: Sequence[Offer], remaining: int, best: Arm, plain: Arm, priced: list[Arm]) -> Arm:
-        """Steps 4 and 5: the guard, else the arm that could do best among those whose
-        failure the exploration budget covers, else ``best``."""
-        if self.account < 0:
-            # Drafting has lost more than its allowance: nothing is guessed, but a block of a
-            # grammar's forced tokens alone (sure, and free to draft) still goes where it pays.
-            sure = [a for a in priced if a.choice.offer is not None and a.choice.k <= a.choice.offer.sure]
-            return max(sure, key=lambda a: a.rate) if sure and max(a.rate for a in sure) > plain.rate else plain
-        budget = self.profile.budget
-        assert budget is not None  # opened at the first choice
-        hopes = (a for o in offers for a in self.arms(o, remaining, optimistic=True))
-        affordable = [a for a in hopes if a.rate > best.rate and a.seconds - a.failed / plain.rate <= budget]
-        return max(affordable, key=lambda a: a.rate) if affordable else best
+    def _allows(self, arm: Arm) -> bool:
+        """Step 5: whether the guard lets ``arm`` go: its source's account is not overdrawn, or
+        it guesses nothing (a block of a grammar's forced tokens alone: sure, and free)."""
+        offer = arm.choice.offer
+        return offer is None or self.accounts.get(offer.source, 0.0) >= 0 or arm.choice.k <= offer.sure
+
+    def _explore(self, offers: Sequence[Offer], remaining: int, best: Arm, plain: Arm) -> Arm:
+        """Step 4: the arm that could do best among those the guard allows and whose failure
+        their source's budget covers, else ``best``."""
+        hopes = (a for o in offers for a in self.arms(o, remaining, optimistic=True) if self._allows(a))
+        affordable = [a for a in hopes if a.rate > best.rate and self._affords(a, remaining, plain)]
+        # A source never tried goes first: while another's probes run, its catch-up only grows.
+        return max(affordable, key=lambda a: (self._untried(a), a.rate)) if affordable else best
+
+    def _untried(self, arm: Arm) -> bool:
+        return arm.choice.offer is not None and not self.acceptance(arm.choice.offer.stats_key).tried
+
+    def _affords(self, arm: Arm, remaining: int, plain: Arm) -> bool:
+        offer = arm.choice.offer
+        assert offer is not None  # plain decoding is never explored
+        lost = arm.seconds - arm.failed / plain.rate
+        return lost <= self.profile.budgets[offer.source] and arm.catchup <= self.ALLOWANCE * remaining / plain.rate
 
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)
+        self.steps += 1
         if outcome.pass_info is not None:
             self.others_rows, self.others_streams = outcome.others_rows, outcome.others_streams
         seconds = outcome.draft_seconds + outcome.catchup_seconds + outcome.verify_seconds
         streams = outcome.others_streams + 1  # who share the round's time, and its allowance
-        self.account += self.ALLOWANCE * seconds / streams
         offer = outcome.choice.offer
         if offer is None:
             self.plain_token = decayed(self.plain_token, outcome.verify_seconds / streams)
         plain = self.plain().rate
         plain_token = self.plain_token or (1 / plain if plain > 0 else outcome.verify_seconds / streams)
-        profile = self.profile
-        if profile.budget is not None:
-            profile.budget = min(profile.budget + self.ALLOWANCE * seconds / streams, self.OPENING * plain_token)
+        self._pay_in(self.ALLOWANCE * seconds / streams, self.OPENING * plain_token)
         if offer is None:
             return
+        source = offer.source
         rounds = max(0, outcome.n_proposed - offer.sure) if offer.passes else 0
         emitted = (streams - 1) * (1 + rounds) + outcome.n_accepted + 1  # every stream's, in its rounds
-        earned = emitted * plain_token - seconds
-        self.account += earned
-        if profile.budget is not None and earned < 0:
-            profile.budget += earned  # a probe's loss, or a drafting step's that the estimates got wrong
+        # A catch-up is an investment the steps after it repay, not the block's loss: step 4
+        # bounds each one that a probe makes.
+        earned = emitted * plain_token - (seconds - outcome.catchup_seconds)
+        self.accounts[source] = self.accounts.get(source, 0.0) + earned
+        budgets = self.profile.budgets
+        if source in budgets and earned < 0 and self._exploring:
+            budgets[source] += earned  # a probe's loss
         # Only the tokens after the forced ones, where the forced ones were kept, tell the
         # source's acceptance.
         if outcome.n_proposed <= offer.sure or outcome.n_accepted < offer.sure:
@@ -293,6 +317,15 @@ class CostAwareK:
         self.profile.acceptance[key] = self.acceptance(key)
         rejected = outcome.n_accepted < outcome.n_proposed
         self._runs[key] = 0 if rejected else self._runs.get(key, 0) + kept
+
+    def _pay_in(self, allowance: float, cap: float) -> None:
+        """Each step's ``allowance`` into the accounts and the budgets, split evenly among the
+        sources (the budgets at most ``cap``)."""
+        for pots in (self.accounts, self.profile.budgets):
+            for source in pots:
+                pots[source] += allowance / len(pots)
+        for source, budget in self.profile.budgets.items():
+            self.profile.budgets[source] = min(budget, cap)
 
 
 def make_policy(config: DraftConfig, profile: CostProfile | None = None) -> DraftPolicy:

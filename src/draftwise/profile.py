@@ -9,8 +9,10 @@ them, and ``draftwise.costs`` calibrates the curve before the first step.
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from draftwise.lm import PassInfo
 from draftwise.offers import Outcome
@@ -126,27 +128,30 @@ class Acceptance:
     def pooled(self) -> float:
         return (sum(self.kept) + 1) / (sum(self.tried) + 2)
 
-    def rates(self, k: int, optimistic: bool = False) -> list[float]:
+    def rates(self, k: int, optimistic: bool = False, steps: int = 0) -> list[float]:
         """The chance of keeping each of the first ``k`` positions once reached; optimistic: one
-        Hoeffding width above (``sqrt(1 / 2n)`` after n tries), at most ``PLAUSIBLE``. A position
-        never reached takes the last reached one's (a block gets no easier further on), or the
-        pooled rate where none was."""
+        Hoeffding width above, at confidence ``1 / steps`` (``sqrt(ln(steps) / 2n)`` after n
+        tries, as UCB1 explores; ``sqrt(1 / 2n)`` in the first steps), at most ``PLAUSIBLE``: a
+        source whose first blocks failed by chance is tried again, ever more rarely, as the
+        steps go by. A position never reached takes the last reached one's (a block gets no
+        easier further on), or the pooled rate where none was."""
+        confidence = max(1.0, math.log(steps)) if steps > 1 else 1.0
         pooled = self.pooled()
         shrunk = [(kept + self.SHRINK * pooled) / (tried + self.SHRINK) for tried, kept in zip(self.tried, self.kept)]
         out = []
         for i in range(k):
             rate = shrunk[min(i, len(shrunk) - 1)] if shrunk else pooled
             tried = self.tried[i] if i < len(self.tried) else 0.0
-            out.append(min(PLAUSIBLE, rate + math.sqrt(0.5 / (tried + 1))) if optimistic else rate)
+            out.append(min(PLAUSIBLE, rate + math.sqrt(0.5 * confidence / (tried + 1))) if optimistic else rate)
         return out
 
-    def expected(self, k: int, optimistic: bool = False) -> list[float]:
+    def expected(self, k: int, optimistic: bool = False, steps: int = 0) -> list[float]:
         """Tokens a block of 0 to ``k`` guessed tokens is expected to emit: those kept in a row,
         plus the target's own.
 
         Example: rates [0.9, 0.5] -> [1, 1.9, 2.35]."""
         tokens, reach = [1.0], 1.0
-        for rate in self.rates(k, optimistic):
+        for rate in self.rates(k, optimistic, steps):
             reach *= rate
             tokens.append(tokens[-1] + reach)
         return tokens
@@ -180,11 +185,11 @@ class CostProfile:
     # the next generation starts from the load the last one saw, not from an empty machine.
     others_rows: int = 0
     others_streams: int = 0
-    # Seconds exploration may still lose (``CostAwareK``, step 4), for every stream and
-    # generation of this profile together: it opens once, at the first choice, not once a
-    # request, so that a server's requests do not each pay again to learn what drafting is
-    # worth on this host.
-    budget: float | None = None
+    # Per source: seconds exploring it may still lose (``CostAwareK``, step 4), for every stream
+    # and generation of this profile together: each opens once, when its source is first
+    # offered, not once a request, so that a server's requests do not each pay again to learn
+    # what drafting is worth on this host.
+    budgets: dict[str, float] = field(default_factory=dict)
     # The shared pass learnt last: every stream in a pass reports it, and it counts once.
     _last_shared: PassInfo | None = field(default=None, repr=False)
 
@@ -208,3 +213,20 @@ class CostProfile:
             self.catchup_token_seconds[source] = decayed(
                 self.catchup_token_seconds.get(source), outcome.catchup_seconds / outcome.catchup_tokens
             )
+
+
+def read_host(path: Path) -> CostProfile:
+    """The costs a host profile file holds (``tests/data/hosts``): a target pass's milliseconds
+    by its rows (``pass_ms``), and per source a drafted token's and a catch-up token's
+    (``draft_token_ms``, ``catchup_token_ms``); what a policy prices a block with on a host it
+    does not run on."""
+    data = json.loads(path.read_text())
+    profile = CostProfile()
+    for rows, ms in data["pass_ms"].items():
+        profile.pass_times.add(int(rows), float(ms) / 1e3)
+    for name, costs in (
+        ("draft_token_ms", profile.draft_token_seconds),
+        ("catchup_token_ms", profile.catchup_token_seconds),
+    ):
+        costs.update({source: float(ms) / 1e3 for source, ms in data.get(name, {}).items()})
+    return profile
