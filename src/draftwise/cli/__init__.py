@@ -29,7 +29,7 @@ try:  # typer 0.2x carries its own copy of click; older ones use click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
-from draftwise.cli import bench, curve, dashboard, generate, load, models, serve, verifier
+from draftwise.cli import bench, curve, dashboard, generate, load, models, replay, serve, verifier
 from draftwise.errors import DraftwiseError
 
 DEBUG_ENV = "DRAFTWISE_DEBUG"  # set to 1: errors come with their traceback
@@ -145,7 +145,7 @@ def build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
     )
     app.callback()(_root)
-    for module in (generate, models, serve, verifier, bench, curve, load, dashboard):
+    for module in (generate, models, serve, verifier, bench, curve, replay, load, dashboard):
         module.register(app)
     for info in app.registered_commands:
         if info.callback is not None:
