@@ -41,6 +41,9 @@ Device = Literal["auto", "cpu", "cuda"]
 # whose scores differ by 1e-4 already differ in probability by a factor of e^100, so only
 # near-ties could tell a smaller temperature apart; 0 is the way to ask for the argmax.
 MIN_TEMPERATURE = 1e-6
+# The longest block a config may ask for (k, k_max, k_long): a verified block and the token
+# before it fill a pass of at most MAX_BLOCK + 1 rows, which the scheduler reads as a step.
+MAX_BLOCK = 64
 
 
 class _Strict(BaseModel):
@@ -129,12 +132,12 @@ class DraftConfig(_Strict):
         "cost: the source and k with the most expected tokens/s from this host's measured pass times and each "
         "source's measured acceptance by position, within a loss bound (draftwise.policies.CostAwareK)",
     )
-    k: int = Field(5, ge=0, le=64, description="draft length (fixed) or starting length (heuristic)")
-    k_max: int = Field(12, ge=1, le=64, description="largest draft length the adaptive policies may use")
+    k: int = Field(5, ge=0, le=MAX_BLOCK, description="draft length (fixed) or starting length (heuristic)")
+    k_max: int = Field(12, ge=1, le=MAX_BLOCK, description="largest draft length the adaptive policies may use")
     k_long: int = Field(
         48,
         ge=1,
-        le=64,
+        le=MAX_BLOCK,
         description="cost policy: largest block of a grounded source (a prediction, an n-gram copy in progress), "
         "reached only after the source was right as many tokens in a row as half the block; below k_max, k_max",
     )

@@ -101,9 +101,9 @@ def prepare_pair(
     log: Log | None = None,
     pace: bool = False,
 ) -> Pair:
-    """Load ``target`` and ``draft`` (None: the target alone), check that they share a
-    tokenizer, warm them up and calibrate the cost policy, or with ``pace`` the target's
-    passes (see ``prepare``).
+    """Load ``target`` and ``draft`` (None: the target alone), check how the draft reaches the
+    target (its token ids, or through text: ``load_pair``), warm them up and calibrate the
+    cost policy, or with ``pace`` the target's passes (see ``prepare``).
 
     ``slots``: streams that run at once, batched on llama.cpp (see ``load_pair``): the
     loaded models and ``slots - 1`` forks of them.

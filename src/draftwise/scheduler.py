@@ -21,7 +21,10 @@ stream of one pass. The scheduler runs them all on one thread, in rounds:
 
 Nothing waits on a clock: a round starts as soon as the last one ended, with what every
 stream has asked for by then, as llama-server's loop does. Streams advance in the order
-they came, so the same requests in the same order make the same passes.
+they came. Where prompt pieces are sized in rows (a stream alone, or no pass curve known),
+the same requests in the same order make the same passes; sized in time beside others,
+the pieces follow how long the last passes took, so the passes can differ from run to run
+(with ``--exact`` the tokens cannot: every row rounds as it would alone).
 
 Example: streams A (plain decoding), B (drafting 3 tokens with a draft model) and C (a new
 request whose prompt has 150 tokens, 149 of them prefilled), a row budget of 64 and no pass
@@ -44,6 +47,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from draftwise.config import MAX_BLOCK
 from draftwise.lm import Batch, Forward, Passes
 
 # Most time the pieces of a long prompt may add to a step of a stream that is generating beside
@@ -65,8 +69,8 @@ PIECE_MIN_ROWS = 64
 # A stream that has made no event yet and asks for more rows than this before its first is
 # feeding a prompt, which goes in pieces; with fewer it waits on the round as a generating
 # stream does (a remote verifier's block, a short prompt): a block holds at most the longest
-# draft a config allows (k_long, at most 64) and the token before it.
-STEP_ROWS = 65
+# draft a config allows and the token before it.
+STEP_ROWS = MAX_BLOCK + 1
 
 T = TypeVar("T")
 # A stream: the passes it asks for (sent their scores) and its events; what it returns ends it.

@@ -42,10 +42,10 @@ from draftwise.errors import ModelLoadError
 from draftwise.lm import Forward
 
 # Most rows per pass of a context of several slots: a long prompt goes in pieces, between the
-# other streams' steps. It holds 4 streams' longest blocks (65 rows each), and a pass of a few
-# hundred rows costs least per row on these CPUs (llama-bench -t 2 on the 1.5B default target:
-# 64 and 256 rows at the same rate, 512 slower). While other streams wait on the pass, the
-# scheduler asks for fewer (``Batcher.step``'s ``rows``).
+# other streams' steps. It holds about four streams' longest blocks (``config.MAX_BLOCK`` drafted
+# tokens each), and a pass of a few hundred rows costs least per row on these CPUs (llama-bench
+# -t 2 on the 1.5B default target: 64 and 256 rows at the same rate, 512 slower). While other
+# streams wait on the pass, the scheduler asks for fewer (``Batcher.step``'s ``rows``).
 ROWS = 256
 
 

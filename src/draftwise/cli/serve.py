@@ -106,7 +106,7 @@ def _serve_here(settings: ServerSettings) -> None:
     from draftwise.prepare import prepare_pair
 
     note(f"loading {settings.target}" + (f" and draft {settings.draft}" if settings.draft else "") + " ...")
-    # Loaded with the app's slots and handed over: each worker takes one of them.
+    # Loaded with the app's slots and handed over: each request in flight takes one of them.
     pair = prepare_pair(
         settings.target, settings.draft, settings.models, settings.generation.draft, slots=settings.slots, log=note
     )
