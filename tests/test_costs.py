@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from draftwise.costs import CostCache, calibrate, plausible, time_passes
-from draftwise.drafters import MODEL
+from draftwise.events import MODEL
 
 HOSTS = Path(__file__).parent / "data" / "hosts"
 

@@ -12,11 +12,12 @@ from draftwise import DraftConfig, GenerationConfig, SpeculativeEngine
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.drafters import NGramDrafter, Sources
 from draftwise.engine import autoregressive
+from draftwise.events import PREDICTION
 from draftwise.lm import drive
 from draftwise.metrics import GenerationMetrics
 from draftwise.offers import Choice, Offer, Outcome
 from draftwise.policies import CostAwareK
-from draftwise.prediction import PREDICTION, PredictionDrafter, token_offsets, with_prediction
+from draftwise.prediction import PredictionDrafter, token_offsets, with_prediction
 from draftwise.target import LocalTarget
 from scripted_support import ScriptedTarget
 

@@ -22,7 +22,8 @@ from draftwise.constraint import REASON_CHARS, GrammarDeadEnd
 from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal
 from draftwise.engine import SpeculativeEngine, autoregressive
 from draftwise.errors import SlotsFullError
-from draftwise.grammar import GRAMMAR, Grammars
+from draftwise.events import GRAMMAR
+from draftwise.grammar import Grammars
 from draftwise.lm import drive
 from draftwise.remote.client import RemoteTarget, RemoteVerifierError, connect
 from draftwise.remote.protocol import OpenSession, decode_verify_response, encode_verify_request, tokenizer_fingerprint

@@ -19,7 +19,7 @@ import torch
 
 from draftwise.constraint import Constraint, Triggered
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal
-from draftwise.grammar import GRAMMAR
+from draftwise.events import GRAMMAR
 from draftwise.lm import Passes
 from draftwise.offers import Offer
 from draftwise.verify import Verdict

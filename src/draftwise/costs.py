@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from draftwise.cpu import cpu_name, cpuinfo_text, kernel_flags
-from draftwise.drafters import MODEL
+from draftwise.events import MODEL
 from draftwise.lm import LanguageModel
 from draftwise.profile import OUTLIER, CostProfile
 from draftwise.registry import home

@@ -18,14 +18,12 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from draftwise.config import DrafterKind, GenerationConfig, SamplingConfig
+from draftwise.events import MODEL, NGRAM
 from draftwise.lm import Forward, LanguageModel, Passes, Tokenizer, ready, sync
 from draftwise.offers import Offer
 from draftwise.retokenize import TextTokens, TokenText, added_text, proposal_ids, settled
 from draftwise.tokenizer_compat import shares_vocabulary
 from draftwise.verify import Verdict, logits_to_probs, sample
-
-MODEL = "model"
-NGRAM = "ngram"
 
 
 @dataclass(frozen=True)

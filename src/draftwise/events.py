@@ -13,8 +13,13 @@ from draftwise.verify import TokenSource
 # The next_token of the event that closes a run the target could not take further (its
 # context was full, a remote verifier refused or went away): that event made no target pass.
 NO_TOKEN = -1
-# The source of tokens a grammar forced (``draftwise.grammar``): a block may start with them.
-FORCED = "grammar"
+# The sources a block comes from, by name, in one place: each source's statistics, the
+# events and the metrics key on them.
+MODEL = "model"  # a draft model (``draftwise.drafters.ModelDrafter``)
+NGRAM = "ngram"  # lookup in the context (``draftwise.drafters.NGramDrafter``)
+PREDICTION = "prediction"  # a request's predicted output (``draftwise.prediction``)
+GRAMMAR = "grammar"  # a grammar's forced text (``draftwise.grammar``): a block may start with it
+FORCED = GRAMMAR
 
 
 @dataclass(frozen=True)

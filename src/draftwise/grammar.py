@@ -35,10 +35,8 @@ from typing import Any
 
 from draftwise.config import GrammarSpec
 from draftwise.constraint import Constraint, GrammarError, Triggered, llguidance_reason
-from draftwise.events import FORCED
 from draftwise.lm import Tokenizer
 
-GRAMMAR = FORCED
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_JSON_OBJECT = {"type": "object"}
 MAX_GRAMMAR_BYTES = 1 << 20  # a grammar or schema larger than this is refused before compiling

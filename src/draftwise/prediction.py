@@ -41,12 +41,11 @@ import torch
 
 from draftwise.config import GenerationConfig
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, Sources
+from draftwise.events import PREDICTION
 from draftwise.lm import Passes, Tokenizer, ready
 from draftwise.offers import Offer
 from draftwise.retokenize import TokenText, added_text, proposal_ids
 from draftwise.verify import Verdict
-
-PREDICTION = "prediction"
 
 
 def token_offsets(tokenizer: Tokenizer, ids: Sequence[int]) -> tuple[str, dict[int, int]]:

@@ -15,10 +15,9 @@ from draftwise.api import responses as r
 from draftwise.api.pool import Job
 from draftwise.api.tools import CallStream, parse_tool_calls
 from draftwise.api.translate import Plan
-from draftwise.events import StepEvent
+from draftwise.events import PREDICTION, StepEvent
 from draftwise.lm import Tokenizer
 from draftwise.metrics import GenerationMetrics
-from draftwise.prediction import PREDICTION
 from draftwise.verify import TokenSource
 
 # The engine says why it stopped; OpenAI has two words for it.
