@@ -68,7 +68,7 @@ def replay(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions
                 f"{result.policy / result.plain:.2f}x",
                 f"{result.policy / rate:.2f}",
             )
-        Console().print(table)
+        Console(width=max(120, Console().width)).print(table)
 
 
 def register(app: typer.Typer) -> None:
