@@ -114,8 +114,9 @@ class CostAwareK:
     4. **Explore.** Where some arm, at an optimistic acceptance, would beat the choice, the
        most promising such arm is tried instead, a source never tried first (while another's
        probes run, its catch-up only grows), if its source's budget covers what the block
-       loses against plain decoding when nothing is kept and the source's catch-up is at most
-       ``ALLOWANCE`` of the plain time left in the run. The optimistic acceptance is one
+       loses against plain decoding when nothing is kept, and the source's catch-up (a draft
+       model that has not read the prompt) too, or else is at most ``ALLOWANCE`` of the plain
+       time left in the run. The optimistic acceptance is one
        Hoeffding width above the record at confidence ``1 / steps``, as UCB1 explores
        (``Acceptance.rates``), at most ``PLAUSIBLE``: a source whose first blocks failed by
        chance is tried again, ever more rarely. Each source's budget (shared by the streams
@@ -132,8 +133,9 @@ class CostAwareK:
        estimates get wrong, drafting costs a run at most ``ALLOWANCE`` of its decoding time,
        plus per source its opening and the loss of the one step that overdrew its account
        (with the default ``k_max``, a 13-row pass against a one-row one), plus the catch-ups
-       of its probes, each at most ``ALLOWANCE`` of the run (step 4). An unlucky first block of
-       a good source does not shut it out, and a source that loses shuts out no other.
+       of its probes, each within its budget or at most ``ALLOWANCE`` of the run (step 4). An
+       unlucky first block of a good source does not shut it out, and a source that loses shuts
+       out no other.
 
     **Beside other streams** a step's loss is everyone's: its rows slow the pass the ``S``
     others ride in. So steps 4 and 5 count in the round's tokens (a plain token takes the
@@ -280,8 +282,10 @@ class CostAwareK:
     def _affords(self, arm: Arm, remaining: int, plain: Arm) -> bool:
         offer = arm.choice.offer
         assert offer is not None  # plain decoding is never explored
-        lost = arm.seconds - arm.failed / plain.rate
-        return lost <= self.profile.budgets[offer.source] and arm.catchup <= self.ALLOWANCE * remaining / plain.rate
+        lost, budget = arm.seconds - arm.failed / plain.rate, self.profile.budgets[offer.source]
+        return lost + arm.catchup <= budget or (
+            lost <= budget and arm.catchup <= self.ALLOWANCE * remaining / plain.rate
+        )
 
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)
