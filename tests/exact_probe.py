@@ -9,6 +9,7 @@ prints one JSON object: what the probe compared and every difference it found.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import threading
@@ -158,8 +159,9 @@ def holes(target: str, threads: int, ordered: bool) -> dict[str, Any]:
     cell of the second, which then decodes a block. Its rows' scores against the same sequence
     alone (``ordered=False``: llama.cpp's usual cell search, which puts the block in the freed
     cells, to show that the probe sees the difference)."""
-    if not ordered:
+    if not ordered:  # the switch off, as a user may set it (draftwise orders cells unless told not to)
         del llamacpp.EXACT_SWITCHES["LLAMA_KV_ORDERED"]
+        os.environ["LLAMA_KV_ORDERED"] = "0"
     rng = random.Random(1)
     first, second, block = ([rng.randrange(100, 10_000) for _ in range(n)] for n in (300, 300, 8))
     lm = _load(target, threads, slots=2)

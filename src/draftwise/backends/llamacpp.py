@@ -42,16 +42,22 @@ from draftwise.lm import Forward, PassInfo
 from draftwise.registry import derived_path
 
 BATCH = 512  # tokens per llama_decode call of a single sequence; a longer prefill runs in pieces
+# Each sequence's KV cells stay in the order of its positions (patch 0004: attention sums its
+# cells in cell order), however the streams of a batched context, a draft model forked from
+# the target among them, interleave and roll back. Always, unless the user says otherwise: it
+# only chooses which free cell a row takes, and without it a 2-core AMD EPYC (AVX2) saw the
+# target drafting for itself kept at 78% rather than 100%, and a stream beside three others
+# part from its output alone at a 0.34-logit gap.
+KV_ORDER = {"LLAMA_KV_ORDERED": "1"}
 # The switches for ModelOptions.exact (docs/exactness.md): the tiled kernels that ggml takes
 # for passes of 8 rows and more (K-quant matrix products) and of 64 and more (attention), and
 # the split of one row's attention over the KV cache, round unlike one-token decoding: off.
-# And each sequence's KV cells stay in the order of its positions (attention sums its cells in
-# cell order), however the streams of a batched context interleave and roll back.
+# And the KV cells in order, whatever the user's environment says.
 EXACT_SWITCHES = {
     "GGML_CPU_TILED_MM": "0",
     "GGML_CPU_FA_TILED": "0",
     "GGML_CPU_FA_SPLIT_KV": "0",
-    "LLAMA_KV_ORDERED": "1",
+    **KV_ORDER,
 }
 # File types whose weights ggml repacks on x86 into kernels that draftwise's patches do not
 # make row-invariant (patches/llama.cpp covers Q4_K).
@@ -96,8 +102,11 @@ class _Library:
     def run_exact(self, exact: bool, gpu: bool = False) -> None:
         """Fix whether this process's passes are row-invariant (``ModelOptions.exact``), and
         whether its repacked matrices keep their file layout too (not with ``exact`` or on the
-        ``gpu``). ggml reads its switches once, so the first model loaded decides."""
+        ``gpu``); KV cells in position order either way (``KV_ORDER``). ggml reads its switches
+        once, so the first model loaded decides."""
         if self.exact is None:
+            for name, value in KV_ORDER.items():
+                os.environ.setdefault(name, value)
             if exact:
                 missing = self.missing_row_invariance()
                 if missing:
