@@ -116,10 +116,10 @@ class CostAwareK:
        probes run, its catch-up only grows), if its source's budget covers what the block
        loses against plain decoding when nothing is kept, and the source's catch-up (a draft
        model that has not read the prompt) too, or else is at most ``ALLOWANCE`` of the plain
-       time left in the run. The optimistic acceptance is one
-       Hoeffding width above the record at confidence ``1 / steps``, as UCB1 explores
-       (``Acceptance.rates``), at most ``PLAUSIBLE``: a source whose first blocks failed by
-       chance is tried again, ever more rarely. Each source's budget (shared by the streams
+       time left in the run. The optimistic acceptance is one Hoeffding width above the record
+       at confidence ``1 / steps``, as UCB1 explores (``Acceptance.rates``), at most
+       ``PLAUSIBLE``: a source whose first blocks failed by chance is tried again, ever more
+       rarely. Each source's budget (shared by the streams
        and requests of its profile, ``CostProfile.budgets``) opens at ``OPENING`` plain
        tokens' time, refills at its share of ``ALLOWANCE`` of the time decoded, and pays for
        the probes that lost; a source that loses uses up no other's budget.
