@@ -3,8 +3,8 @@
 Under greedy decoding what a block keeps is a function of the text alone: the target's own
 continuation, and what each source proposes at each position of it. So ``record`` decodes a
 prompt once with the target (plain decoding) and asks the drafter, at every position, what
-each of its sources offers and which block it proposes (up to ``longest`` tokens); a
-``Recording`` holds both. ``replay`` then runs any policy over a recording on any host's
+each of its sources offers and the longest block it would propose; a ``Recording`` holds
+both. ``replay`` then runs any policy over a recording on any host's
 costs (``draftwise.profile.read_host``, or what this machine calibrated): at each step the
 policy chooses from the recorded offers, the block keeps the tokens it shares with the
 continuation, and the step costs what the host's passes and drafts cost. Seconds, not
@@ -136,10 +136,6 @@ class Replayed:
     seconds: float
     steps: int
 
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
 
 def _kept(block: Sequence[int], truth: Sequence[int]) -> int:
     kept = 0
@@ -162,7 +158,7 @@ def replay(rec: Recording, policy: DraftPolicy, host: CostProfile, sources: Iter
         passes = choice.offer is not None and choice.offer.passes and bool(block)
         catchup = behind * host.catchup_token_seconds.get(choice.source or "", 0.0) if passes else 0.0
         catchup = catchup if behind > ModelDrafter.CATCHUP else 0.0  # a few ride in the first draft pass
-        draft = len(block) * host.draft_token_seconds.get(choice.source or "", 0.0) if block else 0.0
+        draft = len(block) * host.draft_token_seconds.get(choice.source or "", 0.0)
         verify = host.pass_times.at(len(block) + 1) or 0.0
         policy.update(Outcome(choice, len(block), kept, draft, verify, catchup, behind if catchup else 0))
         emitted = min(kept + 1, total - i)
