@@ -24,7 +24,7 @@ setup: $(BIN)/draftwise
 # the answer ends on its own, not in the middle of the function.
 run: setup
 	$(BIN)/draftwise pull default
-	$(BIN)/draftwise generate --chat --max-new-tokens 512 "$(PROMPT)"
+	$(BIN)/draftwise generate --chat --max-new-tokens 512 --compare "$(PROMPT)"
 
 # Lint and types first (settings in pyproject.toml): ruff's rules and format, mypy (--strict on
 # the decoding core).

@@ -38,7 +38,7 @@ def test_a_curve_through_the_cli_is_tabled_and_recorded(tmp_path):
     assert [p["rows"] for p in record["points"]] == [1, 2, 8]
     assert record["points"][0]["steps"] == pytest.approx(1.0)
     assert record["config"]["context"] == 16 and record["cpu"] and record["threads"] >= 1
-    assert "plain steps" in done.stdout and f"curve: {out}" in done.stderr
+    assert "plain steps" in done.stdout and f"host profile: {out}" in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,7 @@ def test_a_recording_through_the_cli_is_replayed_on_each_host(tmp_path):
     ("args", "says"),
     [
         ((), "--record FILE (decode the prompts now) or --recording FILE"),
-        (("--recording", "missing.jsonl", "--hosts", "missing.json"), "--hosts missing.json: No such file"),
+        (("--recording", "missing.jsonl", "--hosts", "missing.json"), "host profile missing.json: No such file"),
     ],
 )
 def test_replay_s_mistakes_are_one_line(args, says):

@@ -7,6 +7,8 @@ the bench build these objects rather than inventing their own settings.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -44,6 +46,8 @@ MIN_TEMPERATURE = 1e-6
 # The longest block a config may ask for (k, k_max, k_long): a verified block and the token
 # before it fill a pass of at most MAX_BLOCK + 1 rows, which the scheduler reads as a step.
 MAX_BLOCK = 64
+# The environment's way to set ModelOptions.costs, for commands run by others (make run, a test).
+COSTS_ENV = "DRAFTWISE_COSTS"
 
 
 class _Strict(BaseModel):
@@ -86,6 +90,24 @@ class ModelOptions(_Strict):
         "holds, so that speculative and batched output is bit-identical to plain decoding; prompts are "
         "processed more slowly (docs/exactness.md); hf: the target in float32 (bfloat16 is refused)",
     )
+    costs: Path | None = Field(
+        None,
+        description="cost policy: price drafting from this host profile (`draftwise curve --out`) and never "
+        f"learn this machine's times, to see what the policy does on the host it describes; ${COSTS_ENV} sets "
+        "it too; benchmarks refuse it, since they report this machine's speed; None = time this machine",
+    )
+
+    def host_costs(self) -> Path | None:
+        """The host profile to price drafting from: ``costs``, else ``$DRAFTWISE_COSTS``."""
+        value = self.costs or os.environ.get(COSTS_ENV)
+        return Path(value).expanduser() if value else None
+
+    def timed_here(self, command: str) -> None:
+        """Refuse a host profile to ``command``, which reports this machine's speed (ValueError)."""
+        if self.host_costs() is not None:
+            raise ValueError(
+                f"{command} reports this machine's speed, so it times this machine: drop --costs and unset ${COSTS_ENV}"
+            )
 
 
 class SamplingConfig(_Strict):

@@ -292,13 +292,14 @@ class CostAwareK:
         self.steps += 1
         if outcome.pass_info is not None:
             self.others_rows, self.others_streams = outcome.others_rows, outcome.others_streams
-        seconds = outcome.draft_seconds + outcome.catchup_seconds + outcome.verify_seconds
+        drafting, catchup, verifying = self.profile.seconds_of(outcome)
+        seconds = drafting + catchup + verifying
         streams = outcome.others_streams + 1  # who share the round's time, and its allowance
         offer = outcome.choice.offer
         if offer is None:
-            self.plain_token = decayed(self.plain_token, outcome.verify_seconds / streams)
+            self.plain_token = decayed(self.plain_token, verifying / streams)
         plain = self.plain().rate
-        plain_token = self.plain_token or (1 / plain if plain > 0 else outcome.verify_seconds / streams)
+        plain_token = self.plain_token or (1 / plain if plain > 0 else verifying / streams)
         self._pay_in(self.ALLOWANCE * seconds / streams, self.OPENING * plain_token)
         if offer is None:
             return
@@ -307,7 +308,7 @@ class CostAwareK:
         emitted = (streams - 1) * (1 + rounds) + outcome.n_accepted + 1  # every stream's, in its rounds
         # A catch-up is an investment the steps after it repay, not the block's loss: step 4
         # bounds each one that a probe makes.
-        earned = emitted * plain_token - (seconds - outcome.catchup_seconds)
+        earned = emitted * plain_token - (seconds - catchup)
         self.accounts[source] = self.accounts.get(source, 0.0) + earned
         budgets = self.profile.budgets
         if source in budgets and earned < 0 and self._exploring:

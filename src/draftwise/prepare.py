@@ -24,7 +24,7 @@ from draftwise.config import DraftConfig, DrafterKind, ModelOptions
 from draftwise.costs import calibrate
 from draftwise.lm import LanguageModel
 from draftwise.loading import load_pair
-from draftwise.profile import CostProfile
+from draftwise.profile import CostProfile, read_host
 from draftwise.registry import REGISTRY
 
 Log = Callable[[str], None]
@@ -74,21 +74,25 @@ def prepare(
     slots: int = 1,
     log: Log | None = None,
     pace: bool = False,
+    host: CostProfile | None = None,
 ) -> Pair:
     """Warm up loaded models and, when ``drafting`` uses the cost policy, measure their costs
-    for ``slots`` streams batched together (``draftwise.costs``; cached). ``drafting`` None:
-    nothing drafts with these models here (a verifier's target); with ``pace``, the target's
-    passes are timed all the same where ``slots`` sequences share them, for a scheduler to
-    size prompt pieces in time beside the others (a verifier's sessions)."""
+    for ``slots`` streams batched together (``draftwise.costs``; cached), or take them from
+    ``host``, a host profile's (``ModelOptions.costs``), as they stand. ``drafting``
+    None: nothing drafts with these models here (a verifier's target); with ``pace``, the
+    target's passes are timed all the same where ``slots`` sequences share them, for a
+    scheduler to size prompt pieces in time beside the others (a verifier's sessions)."""
     for lm in (target, draft):
         if lm is not None:
             warm_up(lm)
-    profile = None
-    if drafting is not None and drafting.k_policy == "cost":
-        profile = calibrate(target, draft, drafting.k_max, log, slots=slots, k_long=drafting.k_long)
-    elif pace and slots > 1 and target.batch is not None:
-        profile = calibrate(target, None, DraftConfig().k_max, log, slots=slots)
-    return Pair(target, draft, profile)
+    cost_policy = drafting is not None and drafting.k_policy == "cost"
+    if not cost_policy and not (pace and slots > 1 and target.batch is not None):
+        return Pair(target, draft)
+    if host is not None:
+        return Pair(target, draft, host)
+    if drafting is not None and cost_policy:
+        return Pair(target, draft, calibrate(target, draft, drafting.k_max, log, slots=slots, k_long=drafting.k_long))
+    return Pair(target, draft, calibrate(target, None, DraftConfig().k_max, log, slots=slots))
 
 
 def prepare_pair(
@@ -108,5 +112,9 @@ def prepare_pair(
     ``slots``: streams that run at once, batched on llama.cpp (see ``load_pair``): the
     loaded models and ``slots - 1`` forks of them.
     """
+    costs = (options or ModelOptions()).host_costs()
+    host = read_host(costs) if costs is not None else None  # a broken file fails before the loading
     target_lm, draft_lm = load_pair(target, draft, options, log=log, slots=slots)
-    return prepare(target_lm, draft_lm, drafting, slots=slots, log=log, pace=pace)
+    if host is not None and log is not None:
+        log(f"pricing drafting from the host profile {costs}, not from this machine's times")
+    return prepare(target_lm, draft_lm, drafting, slots=slots, log=log, pace=pace, host=host)

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftwise.errors import ConfigError
 from draftwise.lm import PassInfo
 from draftwise.offers import Outcome
 
@@ -193,7 +194,32 @@ class CostProfile:
     # The shared pass learnt last: every stream in a pass reports it, and it counts once.
     _last_shared: PassInfo | None = field(default=None, repr=False)
 
+    # Prices from a host profile (``read_host``), held as they are: the policy then chooses as
+    # it would on that host, whatever this machine's passes take. Acceptance is learnt all the same.
+    fixed: bool = False
+
     def learn(self, outcome: Outcome) -> None:
+        info = outcome.pass_info
+        if info is not None:
+            self.others_rows, self.others_streams = outcome.others_rows, outcome.others_streams
+        if not self.fixed:
+            self._learn_times(outcome)
+
+    def seconds_of(self, outcome: Outcome) -> tuple[float, float, float]:
+        """(drafting, catching up, verifying) of a step: as measured, or where the prices are
+        ``fixed``, as the profile's host would take them, so that the policy's accounts hold
+        that host's gains and losses, not this machine's."""
+        if not self.fixed:
+            return outcome.draft_seconds, outcome.catchup_seconds, outcome.verify_seconds
+        source = outcome.choice.source or ""
+        rows = outcome.pass_info.rows if outcome.pass_info is not None else outcome.own_rows
+        return (
+            outcome.n_proposed * self.draft_token_seconds.get(source, 0.0),
+            outcome.catchup_tokens * self.catchup_token_seconds.get(source, 0.0),
+            self.pass_times.at(rows) or 0.0,
+        )
+
+    def _learn_times(self, outcome: Outcome) -> None:
         info = outcome.pass_info
         if info is None:
             self.pass_times.add(outcome.own_rows, outcome.verify_seconds)
@@ -202,8 +228,6 @@ class CostProfile:
         elif info != self._last_shared:
             self.shared_times.add(info.rows, info.seconds)
             self._last_shared = info
-        if info is not None:
-            self.others_rows, self.others_streams = outcome.others_rows, outcome.others_streams
         source = outcome.choice.source
         if source is None or outcome.n_proposed == 0:
             return
@@ -216,17 +240,25 @@ class CostProfile:
 
 
 def read_host(path: Path) -> CostProfile:
-    """The costs a host profile file holds (``tests/data/hosts``): a target pass's milliseconds
-    by its rows (``pass_ms``), and per source a drafted token's and a catch-up token's
-    (``draft_token_ms``, ``catchup_token_ms``); what a policy prices a block with on a host it
-    does not run on."""
-    data = json.loads(path.read_text())
-    profile = CostProfile()
-    for rows, ms in data["pass_ms"].items():
-        profile.pass_times.add(int(rows), float(ms) / 1e3)
-    for name, costs in (
-        ("draft_token_ms", profile.draft_token_seconds),
-        ("catchup_token_ms", profile.catchup_token_seconds),
-    ):
-        costs.update({source: float(ms) / 1e3 for source, ms in data.get(name, {}).items()})
+    """The costs a host profile file holds (``draftwise curve --out`` writes one; more in
+    ``tests/data/hosts``): a target pass's milliseconds by its rows (``pass_ms``, one row among
+    them), and per source a drafted token's and a catch-up token's (``draft_token_ms``,
+    ``catchup_token_ms``); ``fixed``, so that a policy prices its blocks as on that host. A file
+    that is missing or holds no such curve: ``ConfigError``, one line."""
+    try:
+        data = json.loads(path.read_text())
+        profile = CostProfile(fixed=True)
+        for rows, ms in data["pass_ms"].items():
+            profile.pass_times.add(int(rows), float(ms) / 1e3)
+        for name, costs in (
+            ("draft_token_ms", profile.draft_token_seconds),
+            ("catchup_token_ms", profile.catchup_token_seconds),
+        ):
+            costs.update({source: float(ms) / 1e3 for source, ms in data.get(name, {}).items()})
+    except OSError as error:
+        raise ConfigError(f"host profile {path}: {error.strerror or error}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ConfigError(f"host profile {path}: not a profile `draftwise curve --out` writes ({error!r})") from None
+    if not profile.pass_times.known(1):
+        raise ConfigError(f"host profile {path}: its pass_ms has no one-row pass, the unit of every price")
     return profile

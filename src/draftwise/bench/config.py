@@ -118,6 +118,11 @@ class BenchConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _timed_here(self) -> BenchConfig:
+        self.models.timed_here("bench")
+        return self
+
+    @model_validator(mode="after")
     def _spec_needs_binaries(self) -> BenchConfig:
         if "llamacpp-spec" in self.methods and self.llama_cpp_bin is None:
             raise ValueError(

@@ -21,24 +21,24 @@ FLAGS = (Flags(CurveConfig, parse={"rows": lambda value: whole_numbers(value, "-
 ALIASES = aliases_of(*FLAGS)
 
 
-@with_model_options(skip=("context",))  # the curve's own --context is the cache before each pass
+@with_model_options(skip=("context", "costs"))  # the curve's own --context is the cache before each pass
 @with_flags(*FLAGS)
 def curve(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions(), models_given: dict | None = None):
     """Time the target's forward passes over 1, 2, 4, ... 64 new rows after a context of plain
     text, each the fastest of a few: what a drafted block costs to verify on this machine
-    against one plain step."""
+    against one plain step. With --out, write them as a host profile, which --costs reads."""
     from rich.console import Console
     from rich.table import Table
 
-    from draftwise.bench.curve import measure
+    from draftwise.bench.curve import host_profile, measure
     from draftwise.cpu import cpu_name, default_threads
-    from draftwise.loading import load_lm
+    from draftwise.loading import load_pair
 
     config = built(CurveConfig, aliases=ALIASES, **given[CurveConfig])
-    note(f"loading {config.target} ...")
-    lm = load_lm(config.target, config.model_options(models), log=note)
+    note(f"loading {config.target}{'' if config.draft is None else f' and {config.draft}'} ...")
+    lm, draft = load_pair(config.target, config.draft, config.model_options(models), log=note)
     note(f"timing passes of {', '.join(map(str, config.rows))} rows after {config.context} tokens")
-    points = measure(lm, config)
+    points = measure(lm, config, unit=config.out is not None)
     threads = models.threads or default_threads()
     title = f"{config.target} on {cpu_name()}, {threads} threads, after {config.context} tokens"
     table = Table("rows", "ms", "ms per row", "rows/s", "plain steps", title=title)
@@ -46,9 +46,9 @@ def curve(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions(
         table.add_row(str(p.rows), f"{p.ms:.1f}", f"{p.ms_per_row:.2f}", f"{p.rows_per_s:.1f}", f"{p.steps:.2f}")
     Console().print(table)
     if config.out is not None:
-        record = {"config": config.model_dump(mode="json"), "cpu": cpu_name(), "threads": threads}
-        config.out.write_text(json.dumps({**record, "points": [p.model_dump() for p in points]}, indent=1) + "\n")
-        note(f"curve: {config.out}")
+        profile = host_profile(config, points, lm, draft, threads)
+        config.out.write_text(json.dumps(profile, indent=1) + "\n")
+        note(f"host profile: {config.out} (--costs {config.out} prices drafting as on this machine)")
 
 
 def register(app: typer.Typer) -> None:

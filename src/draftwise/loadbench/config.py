@@ -151,6 +151,7 @@ class LoadConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> LoadConfig:
+        self.models.timed_here("load")
         if self.url is not None:
             if len(self.servers) != 1:
                 raise ValueError("--url measures one running server: name it with --servers (one name)")
