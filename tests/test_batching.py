@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from draftwise.backends.llamacpp_batch import Request, _plan
-from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, SamplingConfig
+from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, PacingConfig, SamplingConfig
 from draftwise.drafters import NGramDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.errors import SlotsFullError
 from draftwise.lm import Forward, cached_start
 from draftwise.loading import load_lm
-from draftwise.scheduler import PIECE_SECONDS, Scheduler, run_together
+from draftwise.scheduler import Scheduler, run_together
 from draftwise.target import LocalTarget
 
 from exactness_support import near_tie_or_equal, run_at_once
@@ -173,7 +173,7 @@ def test_beside_a_decoding_stream_a_priced_batch_takes_the_rows_the_scheduler_al
     # A made-up curve under which the bound allows a pass of 100 rows: the step and 99 of the
     # prompt. Beside the short stream's two steps the prompt goes in two pieces of 99 (the
     # row budget alone would take 255 and 45), then alone, whole: 102 rows.
-    scheduler.pace(shared.batcher, lambda rows: PIECE_SECONDS * (rows - 1) / 99.5)
+    scheduler.pace(shared.batcher, lambda rows: PacingConfig().piece_seconds * (rows - 1) / 99.5)
     rows, passes = shared.batcher.stats.rows, shared.batcher.stats.passes
     _, (scores,) = run_together([_steps_of(short, 2), _wrap(_prompt_of(long, long_ids))], scheduler)
     assert shared.batcher.stats.passes - passes == 3

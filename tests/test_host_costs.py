@@ -30,7 +30,9 @@ def own_home(tmp_path, monkeypatch):
 
 def _profile(tmp_path, name: str, pass_ms: dict[int, float], draft_ms: float) -> str:
     path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps({"pass_ms": {str(n): ms for n, ms in pass_ms.items()}, "draft_token_ms": {"model": draft_ms}}))
+    path.write_text(
+        json.dumps({"pass_ms": {str(n): ms for n, ms in pass_ms.items()}, "draft_token_ms": {"model": draft_ms}})
+    )
     return str(path)
 
 
@@ -74,7 +76,9 @@ def test_the_policy_drafts_as_the_profile_s_host_allows(tmp_path, free):
     drafter = build_drafter("model", pair.draft)  # the same vocabulary: token ids, no text bridge
     engine = SpeculativeEngine(LocalTarget(pair.target), drafter, pair.target.tokenizer, pair.profile)
     # The tiny model is never sure of a token: no confidence cut, so blocks run to their length.
-    config = GenerationConfig(max_new_tokens=96, ignore_eos=True, draft=COST.model_copy(update={"confidence_threshold": 0}))
+    config = GenerationConfig(
+        max_new_tokens=96, ignore_eos=True, draft=COST.model_copy(update={"confidence_threshold": 0})
+    )
     metrics = engine.generate(pair.target.tokenizer.encode("one two three"), config).metrics
     share = metrics.accepted / metrics.new_tokens
     assert share > 0.6 if free else share < 0.25, (share, metrics.proposed)

@@ -54,8 +54,9 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     # target side, and the measured cost of drafting (for the cost policy)
     (("draftwise.prediction",), ("draftwise.constrained",), ("draftwise.target",), ("draftwise.costs",)),
     # the decode loop of one generation, and the scheduler that runs many streams' passes in
-    # rounds (it runs the engine's steps without importing the engine)
-    (("draftwise.engine",), ("draftwise.scheduler",)),
+    # rounds (it runs the engine's steps without importing the engine), with its pacing of
+    # long prompts beside them
+    (("draftwise.engine",), ("draftwise.scheduler", "draftwise.pacing")),
     # the model backends: transformers and llama.cpp behind the LanguageModel seam
     (("draftwise.backends",),),
     # picking a backend for a source, preparing a pair, and the package's public names

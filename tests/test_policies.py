@@ -8,10 +8,13 @@ import random
 import pytest
 
 from draftwise import DraftConfig
+from draftwise.config import CostPolicyConfig
 from draftwise.lm import PassInfo
 from draftwise.offers import PLAIN, Choice, Offer, Outcome
 from draftwise.policies import CostAwareK, FixedK, HeuristicK, make_policy
 from draftwise.profile import Acceptance, CostProfile, PassTimes
+
+COST = CostPolicyConfig()  # the cost policy's default numbers
 
 MODEL = Offer("model")
 
@@ -126,8 +129,7 @@ def simulate(policy, offer, rates, curve_ms, steps, draft_ms=0.0, seed=3, slow=1
 
 
 def test_acceptance_by_position_closed_form():
-    counts = Acceptance()
-    counts.DECAY = 1.0  # no forgetting: the docstring's example
+    counts = Acceptance(CostPolicyConfig(acceptance_memory=1.0))  # no forgetting: the docstring's example
     for kept in (4, 4, 1):
         counts.add(4, kept)
     assert counts.tried == [3, 3, 2, 2] and counts.kept == [3, 2, 2, 2]
@@ -137,7 +139,7 @@ def test_acceptance_by_position_closed_form():
     assert rates[4] == rates[3] == pytest.approx((2 + 2 * 10 / 12) / 4)  # never reached: the last reached one's
     assert counts.expected(2) == pytest.approx([1, 1 + rates[0], 1 + rates[0] + rates[0] * rates[1]])
     assert Acceptance().rates(1) == [0.5]  # no evidence: even odds
-    assert Acceptance().rates(1, optimistic=True) == [0.95]  # at most the plausible best
+    assert Acceptance().rates(1, optimistic=True) == [COST.optimism_cap]  # at most the plausible best
 
 
 def test_acceptance_forgets_at_every_position_each_block():
@@ -202,7 +204,7 @@ def test_the_guard_bounds_what_wrong_estimates_cost(curve):
     ks, seconds, tokens = simulate(policy, LOOKUP, [0.4], curve, 400, slow=2.0)
     plain = 2.0 * curve[1] / 1000
     worst_block = 2.0 * measured(curve).at(13) - plain
-    bound = CostAwareK.ALLOWANCE * seconds + CostAwareK.OPENING * curve[1] / 1000 + worst_block
+    bound = COST.allowance * seconds + COST.opening * curve[1] / 1000 + worst_block
     assert any(ks)  # it did draft (the estimates said it pays)
     assert seconds - tokens * plain <= bound
 
@@ -219,7 +221,7 @@ def test_beside_other_streams_the_guard_bounds_the_rounds_loss_by_this_streams_s
     times = measured(curve)
     plain_token = 2.0 * times.at(4) / 4
     worst_block = 2.0 * (times.at(16) - times.at(4))
-    bound = CostAwareK.ALLOWANCE * seconds / 4 + CostAwareK.OPENING * plain_token + worst_block
+    bound = COST.allowance * seconds / 4 + COST.opening * plain_token + worst_block
     assert any(ks)
     assert seconds - tokens * plain_token <= bound
 
@@ -238,7 +240,7 @@ def test_while_the_guard_holds_drafting_back_a_grammar_s_forced_tokens_still_go(
 def test_a_hopeless_source_is_probed_only_as_fast_as_the_allowance_pays(curve):
     ks, seconds, tokens = simulate(host(curve), LOOKUP, [0.0], curve, 500)
     lost = seconds - tokens * curve[1] / 1000
-    allowed = CostAwareK.ALLOWANCE * seconds + CostAwareK.OPENING * curve[1] / 1000
+    allowed = COST.allowance * seconds + COST.opening * curve[1] / 1000
     assert lost <= allowed
     # Each probe keeps nothing and loses at least the cheapest block's extra time over a plain
     # step: no more probes than what the allowance and the opening pay for, and more than one
@@ -454,4 +456,4 @@ def test_over_a_profile_s_generations_exploration_loses_one_opening_and_the_allo
         _, spent, emitted = simulate(policy, Offer("ngram", key=f"ngram:{n}", cost_hint=0.0), [0.0], AMD, 5)
         seconds, tokens = seconds + spent, tokens + emitted
     plain = AMD[1] / 1000
-    assert 0 < seconds - tokens * plain <= CostAwareK.OPENING * plain + CostAwareK.ALLOWANCE * seconds
+    assert 0 < seconds - tokens * plain <= COST.opening * plain + COST.allowance * seconds

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from draftwise import GenerationConfig, SpeculativeEngine
-from draftwise.bench.replay import FIXED_K, Recording, compare, record, replay
+from draftwise.bench.replay import FIXED_K, Recording, compare, policy_rate, record, replay, sweep, varied
 from draftwise.config import DraftConfig
 from draftwise.drafters import HybridDrafter, ModelDrafter
 from draftwise.policies import FixedK
@@ -94,6 +94,22 @@ def test_a_recording_through_the_cli_is_replayed_on_each_host(tmp_path):
     assert "replayed on host" in done.stdout and "copy" in done.stdout and "all" in done.stdout
     again = run_cli_here("replay", "--recording", str(recorded), "--hosts", str(profile))
     assert again.returncode == 0 and "replayed on host" in again.stdout
+    swept = run_cli_here("replay", "--recording", str(recorded), "--hosts", str(profile), "--vary", "opening=0,4")
+    assert swept.returncode == 0 and "opening 0" in swept.stdout and "opening 4 (default)" in swept.stdout
+    assert "worst" in swept.stdout and "copy" in swept.stdout
+
+
+def test_a_sweep_replays_the_policy_at_each_value_against_the_same_baselines(recording):
+    cheap = host(0.05, 0.002, 0.002)
+    base = compare([recording], cheap)
+    name, settings = varied("opening=0.5,4")
+    rows = sweep({"cat": [recording]}, cheap, name, settings)
+    assert [row.value for row in rows] == [0.5, 4.0]
+    for row, cost in zip(rows, settings):
+        rate = policy_rate([recording], cheap, DraftConfig(cost=cost))
+        assert row.over_plain["cat"] == pytest.approx(rate / base.plain)
+        assert row.over_best["cat"] == pytest.approx(rate / base.best_fixed[1])
+    assert rows[1].over_plain["cat"] == pytest.approx(base.policy / base.plain)  # the default: compare's own
 
 
 @pytest.mark.parametrize(
@@ -101,6 +117,10 @@ def test_a_recording_through_the_cli_is_replayed_on_each_host(tmp_path):
     [
         ((), "--record FILE (decode the prompts now) or --recording FILE"),
         (("--recording", "missing.jsonl", "--hosts", "missing.json"), "host profile missing.json: No such file"),
+        (("--recording", "r.jsonl", "--vary", "speed=1"), "--vary speed: the cost policy's settings are allowance"),
+        (("--recording", "r.jsonl", "--vary", "opening="), "give the values to replay"),
+        (("--recording", "r.jsonl", "--vary", "opening=a,b"), "is not a list of numbers"),
+        (("--recording", "r.jsonl", "--vary", "allowance=2"), "--vary allowance: Input should be less than"),
     ],
 )
 def test_replay_s_mistakes_are_one_line(args, says):

@@ -9,12 +9,16 @@ import threading
 import pytest
 import torch
 
-from draftwise.config import DraftConfig, GenerationConfig, SamplingConfig
+from draftwise.config import DraftConfig, GenerationConfig, PacingConfig, SamplingConfig
 from draftwise.drafters import ModelDrafter, NGramDrafter
 from draftwise.engine import SpeculativeEngine
 from draftwise.lm import Forward, drive
-from draftwise.scheduler import PIECE_MIN_ROWS, PIECE_SECONDS, Collected, Scheduler, _Pace, _rows, run_together
+from draftwise.pacing import Pace, piece_rows
+from draftwise.scheduler import Collected, Scheduler, run_together
 from draftwise.target import LocalTarget
+
+PACING = PacingConfig()  # the default pacing
+PIECE_SECONDS, PIECE_MIN_ROWS = PACING.piece_seconds, PACING.piece_min_rows
 
 V = 5
 
@@ -116,17 +120,18 @@ def _pieces(batch: RecordingBatch, name: str) -> list[tuple[int, int]]:
     return [(dict(p)[name], sum(n for _, n in p)) for p in batch.passes if dict(p).get(name, 0) > 1]
 
 
-def test_beside_a_decoding_stream_a_prompt_goes_in_pieces_priced_under_the_bound():
+@pytest.mark.parametrize("bound", [PIECE_SECONDS, 0.3])  # the default, and a server's --piece-seconds
+def test_beside_a_decoding_stream_a_prompt_goes_in_pieces_priced_under_the_bound(bound):
     batch = RecordingBatch(rows=256)
-    scheduler = Scheduler()
+    scheduler = Scheduler(pacing=PacingConfig(piece_seconds=bound))
     scheduler.pace(batch, _priced)
     run_together([stepping(FakeLM("a", batch), [1] * 40), stepping(FakeLM("c", batch), [600, 1])], scheduler)
-    pieces, price = _pieces(batch, "c"), _Pace(batch, _priced).price
+    pieces, price = _pieces(batch, "c"), Pace(batch, _priced).price
     assert sum(rows for rows, _ in pieces) == 600
     for i, (rows, whole) in enumerate(pieces):
         assert whole == rows + 1  # every one rode with the decoding stream's step
-        assert price(whole) <= price(1) + PIECE_SECONDS  # within the bound...
-        assert i == len(pieces) - 1 or price(whole + 1) > price(1) + PIECE_SECONDS  # ...and as large as it allows
+        assert price(whole) <= price(1) + bound  # within the bound...
+        assert i == len(pieces) - 1 or price(whole + 1) > price(1) + bound  # ...and as large as it allows
     assert all(p[0] == ("a", 1) for p in batch.passes[: len(pieces)])  # the step never waited a round
 
 
@@ -159,10 +164,10 @@ def test_a_stream_drafting_on_another_model_waits_on_the_round_too():
 
 
 def test_pieces_are_priced_at_what_the_last_bounded_passes_took_against_the_curve():
-    pace = _Pace(RecordingBatch(), _priced)
-    assert _rows(pace.price, 1, 600, PIECE_SECONDS)[0] == 90  # a one-row step beside a prompt
+    pace = Pace(RecordingBatch(), _priced)
+    assert piece_rows(pace.price, 1, 600, PIECE_SECONDS)[0] == 90  # a one-row step beside a prompt
     pace.measured(26, 2 * _priced(26))  # deep into a long prompt, or on a busy machine
-    assert pace.slower == 1.5 and _rows(pace.price, 1, 600, PIECE_SECONDS)[0] == 1 + PIECE_MIN_ROWS  # the floor
+    assert pace.slower == 1.5 and piece_rows(pace.price, 1, 600, PIECE_SECONDS)[0] == 1 + PIECE_MIN_ROWS  # the floor
     pace.measured(26, _priced(26) / 10)  # a pass faster than the curve says: the curve stands
     assert pace.slower == 1.0
 
@@ -171,9 +176,9 @@ def test_past_a_step_s_rows_a_row_costs_no_less_than_in_a_pass_of_32():
     def flat(rows: int) -> float:  # a calibrated curve past its largest sizes: a line of no slope
         return _priced(min(rows, 49)) + max(0, rows - 49) / 10_000
 
-    pace = _Pace(RecordingBatch(), flat)
+    pace = Pace(RecordingBatch(), flat)
     assert pace.price(32) == _priced(32) and pace.price(200) == 200 * _priced(32) / 32
-    rows, added = _rows(pace.price, 49, 600, PIECE_SECONDS)  # a block of 49 rows beside a prompt
+    rows, added = piece_rows(pace.price, 49, 600, PIECE_SECONDS)  # a block of 49 rows beside a prompt
     assert rows == 49 + 84 and added <= PIECE_SECONDS
 
 

@@ -145,6 +145,89 @@ class SamplingConfig(_Strict):
         return self.temperature == 0.0
 
 
+class CostPolicyConfig(_Strict):
+    """The cost policy's own numbers (``draftwise.policies.CostAwareK``; ``pass_weight`` and
+    ``outlier`` are its ``CostProfile``'s, fixed when a pair is prepared). Each default was
+    chosen by ``draftwise replay --vary`` over the recorded Spec-Bench and code prompts on both
+    host profiles (``docs/speed.md``, "The policy's settings"), not on one prompt or one host."""
+
+    allowance: float = Field(
+        0.03,
+        ge=0.0,
+        le=1.0,
+        description="what exploration and mistakes may cost a run, as a share of its decoding time: the slack "
+        "of the promise never to be slower than plain decoding",
+    )
+    opening: float = Field(
+        4.0,
+        ge=0.0,
+        le=1000.0,
+        description="each source's first exploration budget and account, in plain tokens' time: enough for "
+        "one probe of a short block at the start",
+    )
+    growth: float = Field(
+        2.0, ge=1.0, le=64.0, description="a grounded source's longest block, in multiples of its run of tokens kept"
+    )
+    catchup_horizon: float = Field(
+        16.0, ge=1.0, le=10_000.0, description="steps within which a draft model's catch-up is priced as repaid"
+    )
+    optimism_cap: float = Field(
+        0.95, gt=0.0, lt=1.0, description="the highest acceptance exploration assumes a source could have"
+    )
+    acceptance_memory: float = Field(
+        0.7,
+        ge=0.0,
+        le=1.0,
+        description="share of a source's acceptance counts that each new block keeps: 0.7 remembers about "
+        "three blocks, 1 / (1 - 0.7); 1 never forgets",
+    )
+    shrink: float = Field(
+        2.0, ge=0.0, le=100.0, description="tries' worth of a source's pooled rate in each block position's rate"
+    )
+    pass_weight: float = Field(
+        0.3, gt=0.0, le=1.0, description="weight of the newest pass time in its size's running mean"
+    )
+    outlier: float = Field(
+        2.0,
+        gt=1.0,
+        le=100.0,
+        description="a time more than this many times its running mean counts as this many times it (a stall "
+        "says more about the machine than the block), and a calibrated curve off its own line by more is timed "
+        "again",
+    )
+
+
+class PacingConfig(_Strict):
+    """How a long prompt goes in pieces beside streams that are generating
+    (``draftwise.pacing``): what its pieces may add to their steps, and how a pass is priced."""
+
+    piece_seconds: float = Field(
+        0.4,
+        gt=0.0,
+        le=60.0,
+        description="most seconds a long prompt's pieces may add to a step of a stream generating beside it: "
+        "the pause it sees in its streamed text (under half a second with a one-token step)",
+    )
+    piece_min_rows: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="fewest rows of a step's first prompt piece beside others, whatever the curve says: deep "
+        "into a long prompt on 2-core hosts a 64-row pass costs within 1% a row of a 256-row one and a 27-row "
+        "pass 45% more, and pieces that small made the prompt's first token come 1.75 times later",
+    )
+    pace_weight: float = Field(
+        0.5, gt=0.0, le=1.0, description="weight of the newest pass in how much slower than the curve passes run"
+    )
+    reference_rows: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description="past a step's sizes a row is priced at no less than the rate per row of a pass this large, "
+        "where the CPU kernels run near their best",
+    )
+
+
 class DraftConfig(_Strict):
     """How much to draft per step and when the drafter stops early."""
 
@@ -171,6 +254,7 @@ class DraftConfig(_Strict):
     )
     ngram_max: int = Field(4, ge=1, le=16, description="longest context suffix the n-gram drafter matches")
     ngram_min: int = Field(1, ge=1, le=16, description="shortest context suffix the n-gram drafter matches")
+    cost: CostPolicyConfig = Field(CostPolicyConfig(), description="the cost policy's own numbers")
     proposal_top: int = Field(
         0,
         ge=0,

@@ -18,10 +18,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from draftwise.config import CostPolicyConfig
 from draftwise.cpu import cpu_name, cpuinfo_text, kernel_flags
 from draftwise.events import MODEL
 from draftwise.lm import LanguageModel
-from draftwise.profile import OUTLIER, CostProfile
+from draftwise.profile import DEFAULTS, CostProfile
 from draftwise.registry import home
 
 CONTEXT = 256  # context the passes are timed after: a typical prompt's length
@@ -80,10 +81,10 @@ def time_passes(
 ATTEMPTS = 3
 
 
-def plausible(times: dict[int, float]) -> bool:
+def plausible(times: dict[int, float], outlier: float = DEFAULTS.outlier) -> bool:
     """Whether a timed curve can be this machine's own: a pass over ``n`` rows does at most
     ``n`` times the work of a one-row pass, so it never takes longer than ``n`` of them; and
-    ``n / m`` times the work of one over ``m`` rows, so where it took more than ``OUTLIER``
+    ``n / m`` times the work of one over ``m`` rows, so where it took more than ``outlier``
     times that, it stalled (kernels that change with the size, 8 rows costing more than two
     4-row passes on an AMD EPYC, stay well within it). A curve timed while something else took
     the cores breaks these (one timed beside a compiler read 1 / 2 / 6 rows as 65 / 156 /
@@ -99,15 +100,17 @@ def plausible(times: dict[int, float]) -> bool:
     if one is None or any(seconds > n * one for n, seconds in times.items()):
         return False
     sizes = sorted(times)
-    return all(times[n] <= OUTLIER * n / m * times[m] for i, m in enumerate(sizes) for n in sizes[i + 1 :])
+    return all(times[n] <= outlier * n / m * times[m] for i, m in enumerate(sizes) for n in sizes[i + 1 :])
 
 
-def time_curve(lm: LanguageModel, sizes: Sequence[int], prompt: bool = False) -> dict[int, float]:
+def time_curve(
+    lm: LanguageModel, sizes: Sequence[int], prompt: bool = False, outlier: float = DEFAULTS.outlier
+) -> dict[int, float]:
     """``time_passes`` over ``sizes`` (1 among them), again while the curve is not
     ``plausible``, at most ``ATTEMPTS`` times; each size's fastest pass."""
     times = time_passes(lm, sizes, prompt=prompt)
     for _ in range(ATTEMPTS - 1):
-        if plausible(times):
+        if plausible(times, outlier):
             break
         again = time_passes(lm, sizes, prompt=prompt)
         times = {n: min(seconds, again[n]) for n, seconds in times.items()}
@@ -176,6 +179,7 @@ def calibrate(
     cache: CostCache | None = None,
     slots: int = 1,
     k_long: int = 0,
+    settings: CostPolicyConfig = DEFAULTS,
 ) -> CostProfile:
     """A ``CostProfile`` holding the target's pass times for blocks of 1 to ``k_max + 1``
     tokens, of a few sizes up to ``k_long + 1`` (and larger passes where ``slots`` streams
@@ -184,15 +188,15 @@ def calibrate(
     curve that is not ``plausible`` (timed on a busy machine) is timed again and never cached."""
     log = log or (lambda message: None)
     cache = cache or CostCache()
-    profile = CostProfile()
+    profile = CostProfile.under(settings)
     sizes = pass_sizes(k_max, slots, k_long)
     key = cache.key(target, f"passes {','.join(map(str, sizes))}")
     cached = cache.get(key)
     passes = {int(n): float(seconds) for n, seconds in cached.items()} if cached else None
-    if passes is None or not plausible(passes):  # never measured, or measured on a busy machine
+    if passes is None or not plausible(passes, settings.outlier):  # never measured, or measured on a busy machine
         log(f"timing {target.name}'s passes over 1 to {sizes[-1]} tokens (once on this machine; cached)")
-        passes = time_curve(target, sizes)
-        if plausible(passes):
+        passes = time_curve(target, sizes, outlier=settings.outlier)
+        if plausible(passes, settings.outlier):
             cache.put(key, {str(n): s for n, s in passes.items()})
     for n, seconds in passes.items():
         profile.pass_times.add(n, seconds)

@@ -23,13 +23,15 @@ class Offer:
     draft (a draft model that skipped the prompt, or steps it sat out): a cost paid once.
     ``key`` names the acceptance statistics the source's proposals share (n-gram lookups
     keep one per match length: a 3-token match is right far more often than a 1-token one).
-    ``cost_hint`` guesses a draft token's cost as a share of one plain target pass, until
-    the source's own cost is measured. A ``grounded`` source copies text the output is
-    expected to follow (a prediction, an n-gram copy in progress): the cost policy may give it
-    blocks past ``k_max`` once it has been right long enough (``CostAwareK``). The first
-    ``sure`` tokens of a block are forced by a grammar, drafted at no cost and priced as
-    accepted (the mask allows nothing else there but another spelling of the same text); the
-    source's acceptance and cost price the tokens after them (a forced key, then a value).
+    ``cost_hint`` prices a draft token as a share of one plain target pass until the source's
+    own cost is measured: a source that runs no model says 0; a draft model is priced at a
+    whole target pass, the most a draft worth running can cost (calibration then measures
+    it). A ``grounded`` source copies text the output is expected to follow (a prediction, an
+    n-gram copy in progress): the cost policy may give it blocks past ``k_max`` once it has
+    been right long enough (``CostAwareK``). The first ``sure`` tokens of a block are forced
+    by a grammar, drafted at no cost and priced as accepted (the mask allows nothing else
+    there but another spelling of the same text); the source's acceptance and cost price the
+    tokens after them (a forced key, then a value).
     A source whose tokens each take a pass of a draft model (``passes``) keeps its stream
     out of one round per token when streams share passes.
     """
@@ -38,7 +40,7 @@ class Offer:
     limit: int | None = None
     behind: int = 0
     key: str = ""
-    cost_hint: float = 0.5
+    cost_hint: float = 1.0
     grounded: bool = False
     sure: int = 0
     passes: bool = False

@@ -9,7 +9,6 @@ decode loop never asks which drafter or policy it has.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -99,8 +98,9 @@ class CostAwareK:
        the longest block; passes shared with other streams once two sizes of them are known).
        A token of a source that runs a model pass (``Offer.passes``) costs that pass, timed on
        its own, plus the round it waits in, ``T(B)``; a catch-up (``behind`` tokens at the
-       measured prefill rate) is spread over the steps it may repay, at most
-       ``CATCHUP_HORIZON``.
+       measured prefill rate; until measured, a row of the target's largest measured pass,
+       which the smaller draft model cannot exceed) is spread over the steps it may repay, at
+       most ``catchup_horizon``. The numbers named here are ``DraftConfig.cost``'s.
     2. **Value.** A block of ``k`` tokens past the ``sure`` forced ones is expected to emit
        ``sure + E(k)`` tokens, ``E`` from the source's acceptance by position (``Acceptance``).
     3. **Choose** the arm whose rounds emit the most tokens per second, counting a token for
@@ -115,25 +115,25 @@ class CostAwareK:
        most promising such arm is tried instead, a source never tried first (while another's
        probes run, its catch-up only grows), if its source's budget covers what the block
        loses against plain decoding when nothing is kept, and the source's catch-up (a draft
-       model that has not read the prompt) too, or else is at most ``ALLOWANCE`` of the plain
+       model that has not read the prompt) too, or else is at most ``allowance`` of the plain
        time left in the run. The optimistic acceptance is one Hoeffding width above the record
        at confidence ``1 / steps``, as UCB1 explores (``Acceptance.rates``), at most
-       ``PLAUSIBLE``: a source whose first blocks failed by chance is tried again, ever more
+       ``optimism_cap``: a source whose first blocks failed by chance is tried again, ever more
        rarely. Each source's budget (shared by the streams
-       and requests of its profile, ``CostProfile.budgets``) opens at ``OPENING`` plain
-       tokens' time, refills at its share of ``ALLOWANCE`` of the time decoded, and pays for
+       and requests of its profile, ``CostProfile.budgets``) opens at ``opening`` plain
+       tokens' time, refills at its share of ``allowance`` of the time decoded, and pays for
        the probes that lost; a source that loses uses up no other's budget.
-    5. **Guard.** Each source has an account, opened at ``OPENING`` plain tokens' time, that
-       every step pays its share of ``ALLOWANCE`` of the step's time into, and every drafting
+    5. **Guard.** Each source has an account, opened at ``opening`` plain tokens' time, that
+       every step pays its share of ``allowance`` of the step's time into, and every drafting
        step of the source what it earned against plain decoding: the tokens its rounds emitted
        times the measured time of a plain token, less its own measured time (negative when it
        lost). A catch-up is an investment that the steps after it repay, not the block's loss,
        and is left out. While a source's account is below zero, it guesses nothing (a
        grammar's forced tokens, sure and free, still go). So on any host, and whatever the
-       estimates get wrong, drafting costs a run at most ``ALLOWANCE`` of its decoding time,
+       estimates get wrong, drafting costs a run at most ``allowance`` of its decoding time,
        plus per source its opening and the loss of the one step that overdrew its account
        (with the default ``k_max``, a 13-row pass against a one-row one), plus the catch-ups
-       of its probes, each within its budget or at most ``ALLOWANCE`` of the run (step 4). An
+       of its probes, each within its budget or at most ``allowance`` of the run (step 4). An
        unlucky first block of a good source does not shut it out, and a source that loses shuts
        out no other.
 
@@ -141,7 +141,7 @@ class CostAwareK:
     others ride in. So steps 4 and 5 count in the round's tokens (a plain token takes the
     plain round over its ``S + 1`` streams; a step earns for the others' tokens too), and each
     stream pays in and opens with its ``1 / (S + 1)`` share: the streams of a round together
-    lose at most ``ALLOWANCE`` of its time, not ``S + 1`` times that.
+    lose at most ``allowance`` of its time, not ``S + 1`` times that.
 
     Example, alone, on a host where passes of 1 / 5 rows take 63 / 100 ms and a draft token
     12 ms: a source right 95% of the time at every position, k = 4, emits 4.52 tokens in
@@ -149,31 +149,16 @@ class CostAwareK:
     4.52 in 158 ms, 28.6 against 34.5: it decodes plainly.
 
     **Long blocks.** A grounded offer (a prediction, an n-gram copy in progress, see ``Offer``)
-    may draft past ``k_max``, up to ``k_long``, but no more than ``GROWTH`` times its current
+    may draft past ``k_max``, up to ``k_long``, but no more than ``growth`` times its current
     run of tokens kept in a row: a long block that fails early then wastes at most the rows
     its run earned, and a source that fails early keeps to ``k_max``.
     """
 
-    # A catch-up is sunk once paid and the source may turn out worse than its record: it is
-    # priced as repaid within this many steps, not over the whole budget.
-    CATCHUP_HORIZON = 16.0
-    CATCHUP_GUESS = 0.05  # a catch-up token as a share of a plain pass, until measured: a prefill runs many per pass
-    GROWTH = 2  # a grounded source's longest block, in multiples of its run of kept tokens
-    # What exploration and mistakes may cost a run, as a share of its decoding time: the
-    # "never slower" promise's slack, small beside run-to-run noise on these hosts.
-    ALLOWANCE = 0.03
-    # The exploration budget holds at most this many plain tokens' time (alone, plain steps;
-    # beside S other streams, a plain round's 1 / (S + 1)): enough for one probe of a
-    # block of up to 4 rows (1.3 to 3.3 plain steps on the hosts measured, so a failed one
-    # loses up to 2.3), at the start, so a run learns early whether drafting pays, and no
-    # burst of probes later. Smaller, and a 4-row probe could never be afforded on a host
-    # whose rows cost nearly a one-row pass each.
-    OPENING = 4.0
-
     def __init__(self, config: DraftConfig, profile: CostProfile | None = None) -> None:
         self.k_max = config.k_max
         self.k_long = max(config.k_max, config.k_long)
-        self.profile = profile or CostProfile()
+        self.settings = config.cost  # the numbers this docstring names (``CostPolicyConfig``)
+        self.profile = profile or CostProfile.under(config.cost)
         # Per source: seconds its drafting is ahead of plain decoding, plus its allowance (step 5).
         self.accounts: dict[str, float] = {}
         self._exploring = False  # whether the last choice was a probe (step 4), not the best arm
@@ -181,7 +166,7 @@ class CostAwareK:
         self.others_rows = self.profile.others_rows  # rows of other streams in the last pass ours rode in
         self.others_streams = self.profile.others_streams  # and the streams they belong to
         # This stream's acceptance, from the last generation's (a prompt of its own may differ).
-        self._acceptance = {key: copy.deepcopy(counts) for key, counts in self.profile.acceptance.items()}
+        self._acceptance = {key: counts.under(self.settings) for key, counts in self.profile.acceptance.items()}
         # A plain round's time over the streams it serves, as measured: a plain token's price.
         self.plain_token: float | None = None
         self._runs: dict[str, int] = {}  # statistics key -> tokens kept in a row since its last rejection
@@ -192,7 +177,7 @@ class CostAwareK:
         return self.profile.pass_times
 
     def acceptance(self, key: str) -> Acceptance:
-        return self._acceptance.setdefault(key, Acceptance())
+        return self._acceptance.setdefault(key, Acceptance(self.settings))
 
     def _curve(self, others: int) -> PassTimes:
         """Passes shared with other streams while there are others (once two sizes of them are
@@ -219,7 +204,7 @@ class CostAwareK:
         source may draft (see "Long blocks")."""
         top = self.k_max
         if offer.grounded:
-            top = max(top, min(self.k_long, self.GROWTH * self._runs.get(offer.stats_key, 0)))
+            top = max(top, min(self.k_long, int(self.settings.growth * self._runs.get(offer.stats_key, 0))))
         top += offer.sure
         return top if offer.limit is None else min(top, offer.limit)
 
@@ -232,7 +217,7 @@ class CostAwareK:
         others, top = self.others_rows, min(self.longest(offer), remaining - 1)  # the target adds a token
         plain = self.pass_times.at(1) or 0.0
         draft = self.profile.draft_token_seconds.get(offer.source, offer.cost_hint * plain)
-        catchup = offer.behind * self.profile.catchup_token_seconds.get(offer.source, self.CATCHUP_GUESS * plain)
+        catchup = offer.behind * self.profile.catchup_token_seconds.get(offer.source, self.pass_times.row())
         expected = self.acceptance(offer.stats_key).expected(max(0, top - offer.sure), optimistic, self.steps)
         arms = []
         for k in range(1, top + 1):
@@ -241,7 +226,7 @@ class CostAwareK:
             rounds = guessed if offer.passes else 0
             fed = catchup if guessed else 0.0  # forced tokens alone need no model
             seconds = guessed * draft + rounds * self._pass(others) + self._pass(others + k + 1)
-            spread = seconds + fed / min(max(1.0, remaining / tokens), self.CATCHUP_HORIZON)
+            spread = seconds + fed / min(max(1.0, remaining / tokens), self.settings.catchup_horizon)
             others_tokens = self.others_streams * (1 + rounds)
             rate = (others_tokens + tokens) / spread if spread > 0 else 0.0
             arms.append(Arm(Choice(offer, k), rate, seconds, others_tokens + min(k, offer.sure) + 1, fed))
@@ -253,8 +238,8 @@ class CostAwareK:
             self.weighed = (plain,)
             return PLAIN  # one plain step first: it measures what drafting has to beat
         for offer in offers:  # a source offered for the first time opens its account and budget
-            self.accounts.setdefault(offer.source, self.OPENING / plain.rate)
-            self.profile.budgets.setdefault(offer.source, self.OPENING / plain.rate)
+            self.accounts.setdefault(offer.source, self.settings.opening / plain.rate)
+            self.profile.budgets.setdefault(offer.source, self.settings.opening / plain.rate)
         priced = sorted((a for o in offers for a in self.arms(o, remaining) if self._allows(a)), key=lambda a: -a.rate)
         best = priced[0] if priced and priced[0].rate > plain.rate else plain
         taken = self._explore(offers, remaining, best, plain)
@@ -284,7 +269,7 @@ class CostAwareK:
         assert offer is not None  # plain decoding is never explored
         lost, budget = arm.seconds - arm.failed / plain.rate, self.profile.budgets[offer.source]
         return lost + arm.catchup <= budget or (
-            lost <= budget and arm.catchup <= self.ALLOWANCE * remaining / plain.rate
+            lost <= budget and arm.catchup <= self.settings.allowance * remaining / plain.rate
         )
 
     def update(self, outcome: Outcome) -> None:
@@ -297,10 +282,10 @@ class CostAwareK:
         streams = outcome.others_streams + 1  # who share the round's time, and its allowance
         offer = outcome.choice.offer
         if offer is None:
-            self.plain_token = decayed(self.plain_token, verifying / streams)
+            self.plain_token = decayed(self.plain_token, verifying / streams, self.settings)
         plain = self.plain().rate
         plain_token = self.plain_token or (1 / plain if plain > 0 else verifying / streams)
-        self._pay_in(self.ALLOWANCE * seconds / streams, self.OPENING * plain_token)
+        self._pay_in(self.settings.allowance * seconds / streams, self.settings.opening * plain_token)
         if offer is None:
             return
         source = offer.source

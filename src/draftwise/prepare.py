@@ -91,7 +91,10 @@ def prepare(
     if host is not None:
         return Pair(target, draft, host)
     if drafting is not None and cost_policy:
-        return Pair(target, draft, calibrate(target, draft, drafting.k_max, log, slots=slots, k_long=drafting.k_long))
+        profile = calibrate(
+            target, draft, drafting.k_max, log, slots=slots, k_long=drafting.k_long, settings=drafting.cost
+        )
+        return Pair(target, draft, profile)
     return Pair(target, draft, calibrate(target, None, DraftConfig().k_max, log, slots=slots))
 
 
@@ -113,7 +116,8 @@ def prepare_pair(
     loaded models and ``slots - 1`` forks of them.
     """
     costs = (options or ModelOptions()).host_costs()
-    host = read_host(costs) if costs is not None else None  # a broken file fails before the loading
+    settings = drafting.cost if drafting is not None else DraftConfig().cost
+    host = read_host(costs, settings) if costs is not None else None  # a broken file fails before the loading
     target_lm, draft_lm = load_pair(target, draft, options, log=log, slots=slots)
     if host is not None and log is not None:
         log(f"pricing drafting from the host profile {costs}, not from this machine's times")

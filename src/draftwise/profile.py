@@ -14,9 +14,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftwise.config import CostPolicyConfig
 from draftwise.errors import ConfigError
 from draftwise.lm import PassInfo
 from draftwise.offers import Outcome
+
+DEFAULTS = CostPolicyConfig()  # frozen: the settings of a profile or count made without any
 
 
 class PassTimes:
@@ -34,16 +37,15 @@ class PassTimes:
     Example: measured {1: 0.28, 6: 0.61} -> at(3) = 0.28 + 2/5 * 0.33 = 0.412, at(9) = 0.808.
     """
 
-    WEIGHT = 0.3  # of the newest measurement in a size's mean: a few passes outweigh calibration
-
-    def __init__(self) -> None:
+    def __init__(self, settings: CostPolicyConfig = DEFAULTS) -> None:
+        self.settings = settings  # ``pass_weight`` and ``outlier``: how a size's mean moves
         self._mean: dict[int, float] = {}
         self._sizes: list[int] = []  # the measured sizes, in order
 
     def add(self, tokens: int, seconds: float) -> None:
         if tokens not in self._mean:
             bisect.insort(self._sizes, tokens)
-        self._mean[tokens] = decayed(self._mean.get(tokens), seconds, self.WEIGHT)
+        self._mean[tokens] = decayed(self._mean.get(tokens), seconds, self.settings)
 
     def known(self, tokens: int) -> bool:
         return tokens in self._mean
@@ -52,6 +54,12 @@ class PassTimes:
     def sizes(self) -> int:
         """How many sizes were measured."""
         return len(self._mean)
+
+    def row(self) -> float:
+        """Seconds a row of the largest measured pass costs (0 with none): the price of a
+        prompt's token read in a large pass, and an upper bound on a draft model's catch-up
+        token until that is measured, since the draft is the smaller model."""
+        return self._mean[self._sizes[-1]] / self._sizes[-1] if self._sizes else 0.0
 
     def at(self, tokens: int, rising: bool = False) -> float | None:
         """Seconds of a pass over ``tokens`` rows; ``rising``: never less than a smaller
@@ -78,17 +86,14 @@ class PassTimes:
         return self._mean[lo] + slope * (tokens - lo)
 
 
-# A measurement more than this many times the running mean counts as this many times it: a
-# pass that stalled (another process took the CPU) says more about the machine than about
-# the block size, and one such stall must not switch drafting off for many steps.
-OUTLIER = 2.0
-
-
-def decayed(old: float | None, new: float, weight: float = 0.3) -> float:
-    """A running mean with exponential forgetting, robust to one-off stalls."""
+def decayed(old: float | None, new: float, settings: CostPolicyConfig = DEFAULTS) -> float:
+    """A running mean with exponential forgetting (``settings.pass_weight`` of the newest), robust
+    to one-off stalls: a measurement over ``settings.outlier`` times the mean counts as that many
+    times it, since a pass that stalled (another process took the CPU) says more about the
+    machine than about the block size, and one stall must not switch drafting off for many steps."""
     if old is None:
         return new
-    return (1 - weight) * old + weight * min(new, OUTLIER * old)
+    return (1 - settings.pass_weight) * old + settings.pass_weight * min(new, settings.outlier * old)
 
 
 class Acceptance:
@@ -96,11 +101,11 @@ class Acceptance:
 
     ``tried[i]`` counts the blocks whose i-th guessed token was checked (every one before it
     was kept), ``kept[i]`` those where it was kept too; each block forgets the older counts,
-    at every position, by ``DECAY``: the counts remember about three blocks, so a source
-    that turns wrong is seen within three (``tests/test_policies.py`` shows it). The chance that
-    position i is kept once reached is ``kept[i]`` over ``tried[i]``, shrunk towards the
-    source's pooled rate (Laplace's rule over all positions: even odds with no evidence) by
-    ``SHRINK`` tries' worth, so that a position tried once does not decide alone. A draft
+    at every position, by ``acceptance_memory``: by default they remember about three blocks,
+    so a source that turns wrong is seen within three (``tests/test_policies.py`` shows it). The
+    chance that position i is kept once reached is ``kept[i]`` over ``tried[i]``, shrunk towards
+    the source's pooled rate (Laplace's rule over all positions: even odds with no evidence) by
+    ``shrink`` tries' worth, so that a position tried once does not decide alone. A draft
     model is often right early in a block and wrong late: one rate per source cannot say so.
 
     Example (no forgetting): blocks of 4 with 4, 4 and 1 kept: tried [3, 3, 2, 2], kept
@@ -108,12 +113,16 @@ class Acceptance:
     positions 3 and on: (2 + 2 * 0.83) / (2 + 2) = 0.92.
     """
 
-    DECAY = 0.7  # of the older counts at each block: about three blocks' memory, 1 / (1 - 0.7)
-    SHRINK = 2.0  # tries' worth of the pooled rate in each position's: one try does not decide
-
-    def __init__(self) -> None:
+    def __init__(self, settings: CostPolicyConfig = DEFAULTS) -> None:
+        self.settings = settings  # ``acceptance_memory``, ``shrink`` and ``optimism_cap``
         self.tried: list[float] = []
         self.kept: list[float] = []
+
+    def under(self, settings: CostPolicyConfig) -> Acceptance:
+        """A copy of these counts, read and kept by ``settings`` from now on."""
+        counts = Acceptance(settings)
+        counts.tried, counts.kept = list(self.tried), list(self.kept)
+        return counts
 
     def add(self, proposed: int, accepted: int) -> None:
         """A block of ``proposed`` guessed tokens of which the first ``accepted`` were kept."""
@@ -122,9 +131,10 @@ class Acceptance:
         if grow > 0:
             self.tried += [0.0] * grow
             self.kept += [0.0] * grow
+        memory = self.settings.acceptance_memory
         for i in range(len(self.tried)):
-            self.tried[i] = self.DECAY * self.tried[i] + (i < reached)
-            self.kept[i] = self.DECAY * self.kept[i] + (i < accepted)
+            self.tried[i] = memory * self.tried[i] + (i < reached)
+            self.kept[i] = memory * self.kept[i] + (i < accepted)
 
     def pooled(self) -> float:
         return (sum(self.kept) + 1) / (sum(self.tried) + 2)
@@ -132,18 +142,19 @@ class Acceptance:
     def rates(self, k: int, optimistic: bool = False, steps: int = 0) -> list[float]:
         """The chance of keeping each of the first ``k`` positions once reached; optimistic: one
         Hoeffding width above, at confidence ``1 / steps`` (``sqrt(ln(steps) / 2n)`` after n
-        tries, as UCB1 explores; ``sqrt(1 / 2n)`` in the first steps), at most ``PLAUSIBLE``: a
+        tries, as UCB1 explores; ``sqrt(1 / 2n)`` in the first steps), at most ``optimism_cap``: a
         source whose first blocks failed by chance is tried again, ever more rarely, as the
         steps go by. A position never reached takes the last reached one's (a block gets no
         easier further on), or the pooled rate where none was."""
         confidence = max(1.0, math.log(steps)) if steps > 1 else 1.0
         pooled = self.pooled()
-        shrunk = [(kept + self.SHRINK * pooled) / (tried + self.SHRINK) for tried, kept in zip(self.tried, self.kept)]
+        shrink, cap = self.settings.shrink, self.settings.optimism_cap
+        shrunk = [(kept + shrink * pooled) / (tried + shrink) for tried, kept in zip(self.tried, self.kept)]
         out = []
         for i in range(k):
             rate = shrunk[min(i, len(shrunk) - 1)] if shrunk else pooled
             tried = self.tried[i] if i < len(self.tried) else 0.0
-            out.append(min(PLAUSIBLE, rate + math.sqrt(0.5 * confidence / (tried + 1))) if optimistic else rate)
+            out.append(min(cap, rate + math.sqrt(0.5 * confidence / (tried + 1))) if optimistic else rate)
         return out
 
     def expected(self, k: int, optimistic: bool = False, steps: int = 0) -> list[float]:
@@ -156,12 +167,6 @@ class Acceptance:
             reach *= rate
             tokens.append(tokens[-1] + reach)
         return tokens
-
-
-# The best acceptance exploration assumes a source could have: a 0.5B draft of its 1.5B
-# target was right 95% of the time on the make-run prompt, the best any measured source
-# but a copy reached.
-PLAUSIBLE = 0.95
 
 
 @dataclass
@@ -198,6 +203,11 @@ class CostProfile:
     # it would on that host, whatever this machine's passes take. Acceptance is learnt all the same.
     fixed: bool = False
 
+    @classmethod
+    def under(cls, settings: CostPolicyConfig, fixed: bool = False) -> CostProfile:
+        """An empty profile whose times move by ``settings`` (``pass_weight``, ``outlier``)."""
+        return cls(pass_times=PassTimes(settings), shared_times=PassTimes(settings), fixed=fixed)
+
     def learn(self, outcome: Outcome) -> None:
         info = outcome.pass_info
         if info is not None:
@@ -232,14 +242,17 @@ class CostProfile:
         if source is None or outcome.n_proposed == 0:
             return
         own = outcome.draft_seconds if outcome.draft_pass_seconds is None else outcome.draft_pass_seconds
-        self.draft_token_seconds[source] = decayed(self.draft_token_seconds.get(source), own / outcome.n_proposed)
+        settings = self.pass_times.settings
+        self.draft_token_seconds[source] = decayed(
+            self.draft_token_seconds.get(source), own / outcome.n_proposed, settings
+        )
         if outcome.catchup_tokens:
             self.catchup_token_seconds[source] = decayed(
-                self.catchup_token_seconds.get(source), outcome.catchup_seconds / outcome.catchup_tokens
+                self.catchup_token_seconds.get(source), outcome.catchup_seconds / outcome.catchup_tokens, settings
             )
 
 
-def read_host(path: Path) -> CostProfile:
+def read_host(path: Path, settings: CostPolicyConfig = DEFAULTS) -> CostProfile:
     """The costs a host profile file holds (``draftwise curve --out`` writes one; more in
     ``tests/data/hosts``): a target pass's milliseconds by its rows (``pass_ms``, one row among
     them), and per source a drafted token's and a catch-up token's (``draft_token_ms``,
@@ -247,7 +260,7 @@ def read_host(path: Path) -> CostProfile:
     that is missing or holds no such curve: ``ConfigError``, one line."""
     try:
         data = json.loads(path.read_text())
-        profile = CostProfile(fixed=True)
+        profile = CostProfile.under(settings, fixed=True)
         for rows, ms in data["pass_ms"].items():
             profile.pass_times.add(int(rows), float(ms) / 1e3)
         for name, costs in (

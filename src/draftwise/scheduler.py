@@ -15,7 +15,7 @@ stream of one pass. The scheduler runs them all on one thread, in rounds:
    pieces over several rounds, beside everybody's steps. Alone, a piece is as large as the
    batch's row budget (the first token comes soonest so); beside streams that wait on the
    round, a piece is sized in time, by the model's measured pass curve (``pace``) and how
-   much slower than it the last passes ran: the pieces add at most ``PIECE_SECONDS`` to
+   much slower than it the last passes ran: the pieces add at most ``piece_seconds`` to
    each of their steps (a step of several rounds, a draft and its check, included), so no
    prompt stalls the others' text.
 
@@ -32,8 +32,8 @@ curve, the smallest requests first. Round 1: a target pass with A's step and 63 
 prompt tokens, and a draft pass with B's first position. Round 2: the same, with C's next 63
 and B's second position. Round 3: A's step and C's last 23; B's third position. Round 4: one
 target pass holds A's step, B's block (4 rows: its last token and the 3 drafted) and C's
-first step. With a curve that prices 100 rows at ``PIECE_SECONDS`` more than one, C's prompt
-would go in pieces of 99 rows beside A's step (never fewer than ``PIECE_MIN_ROWS``).
+first step. With a curve that prices 100 rows at ``piece_seconds`` more than one, C's prompt
+would go in pieces of 99 rows beside A's step (never fewer than ``piece_min_rows``).
 """
 
 from __future__ import annotations
@@ -47,25 +47,10 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from draftwise.config import MAX_BLOCK
+from draftwise.config import MAX_BLOCK, PacingConfig
 from draftwise.lm import Batch, Forward, Passes
+from draftwise.pacing import Curve, Pace, never, piece_rows
 
-# Most time the pieces of a long prompt may add to a step of a stream that is generating beside
-# it: its next chunk comes after that step, so this is the pause it sees on top of its own
-# work, short enough not to read as a stall in streamed text (under half a second with a
-# one-token step). The prompt pays for it: a pass this short runs the kernels at a worse rate
-# per row than the batch's largest pieces (far worse deep into a long prompt, where small
-# passes attend without tiles), so its first token comes later than it would in those. The
-# bound is chosen for the streams already answering, over the one still waiting to start.
-PIECE_SECONDS = 0.4
-# Fewest rows the first piece of a step holds beside others, whatever the curve says: the
-# smallest pass the CPU kernels run at about their best rate per row. Deep into a long prompt
-# on the 2-core hosts, a 64-row pass costs within 1% a row of a 256-row one, a 27-row pass 45%
-# more: pieces that small kept the others' pauses under the bound but made the prompt's own
-# first token come 1.75 times later. Where a row is cheap (a faster host, a smaller model),
-# the bound gives larger pieces; where it is dear, the prompt keeps its pace and the others
-# pause for one such piece a step.
-PIECE_MIN_ROWS = 64
 # A stream that has made no event yet and asks for more rows than this before its first is
 # feeding a prompt, which goes in pieces; with fewer it waits on the round as a generating
 # stream does (a remote verifier's block, a short prompt): a block holds at most the longest
@@ -75,9 +60,6 @@ STEP_ROWS = MAX_BLOCK + 1
 T = TypeVar("T")
 # A stream: the passes it asks for (sent their scores) and its events; what it returns ends it.
 Stream = Generator[Any, torch.Tensor, Any]
-# Seconds of one pass over n rows of a model, as measured (a cost profile's ``PassTimes``);
-# None while nothing is known.
-Curve = Callable[[int], "float | None"]
 
 
 class Sink(Protocol):
@@ -91,10 +73,6 @@ class Sink(Protocol):
         (``result`` None, ``error`` None); called once."""
 
 
-def _never() -> bool:
-    return False
-
-
 @dataclass(eq=False)
 class _Task:
     stream: Stream
@@ -105,40 +83,6 @@ class _Task:
     # Seconds prompt pieces added to the rounds since its last event (before its first: its
     # last pass), as priced (``pace``).
     paused: float = 0.0
-
-
-class _Pace:
-    """How one batch's passes are priced: its curve, times how much slower than the curve its
-    recent bounded passes ran (never less than the curve). The curve was timed after a short
-    context: a piece deep into a long prompt reads more positions, and a busy machine runs
-    every pass slower, which only measuring shows.
-
-    Past the sizes a step uses, a calibrated curve is a line through its two largest sizes,
-    whose slope is noise (a row more than a block); there a row is priced at no less than
-    the rate per row of a pass of ``REFERENCE_ROWS``, where the kernels run near their best.
-    """
-
-    WEIGHT = 0.5  # of the newest pass in ``slower``: the last few passes set it
-    REFERENCE_ROWS = 32
-
-    def __init__(self, batch: Batch, curve: Curve, others: Callable[[], bool] = _never) -> None:
-        self.batch, self.curve, self.others = batch, curve, others
-        self.slower = 1.0
-
-    def _curve(self, rows: int) -> float | None:
-        seconds, reference = self.curve(rows), self.curve(self.REFERENCE_ROWS)
-        if seconds is None or reference is None:
-            return seconds
-        return max(seconds, reference * rows / self.REFERENCE_ROWS)
-
-    def price(self, rows: int) -> float | None:
-        seconds = self._curve(rows)
-        return None if seconds is None else seconds * self.slower
-
-    def measured(self, rows: int, seconds: float) -> None:
-        priced = self._curve(rows) if rows > 0 else None
-        if priced:
-            self.slower = max(1.0, (1 - self.WEIGHT) * self.slower + self.WEIGHT * seconds / priced)
 
 
 @dataclass
@@ -169,6 +113,7 @@ class Scheduler:
 
     name: str = "draftwise-rounds"
     stats: RoundStats = field(default_factory=RoundStats)
+    pacing: PacingConfig = PacingConfig()  # how long prompts go in pieces beside generating streams
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -176,18 +121,18 @@ class Scheduler:
         self._tasks: list[_Task] = []
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._paces: list[_Pace] = []
+        self._paces: list[Pace] = []
 
-    def pace(self, batch: Batch, curve: Curve, others: Callable[[], bool] = _never) -> None:
+    def pace(self, batch: Batch, curve: Curve, others: Callable[[], bool] = never) -> None:
         """Price ``batch``'s passes by ``curve`` (its model's pass times): beside streams that
-        wait on the round, its long prompts go in pieces that add at most ``PIECE_SECONDS`` to
+        wait on the round, its long prompts go in pieces that add at most ``piece_seconds`` to
         each of their steps. ``others``: whether streams that are not in the rounds now will
         want a pass soon (a verifier's sessions, between one verify and the next); while it
         says so, pieces are priced as if one waited. A batch with no curve feeds pieces of its
         own row budget. Call before ``start``."""
-        self._paces.append(_Pace(batch, curve, others))
+        self._paces.append(Pace(batch, curve, others, self.pacing))
 
-    def submit(self, stream: Stream, sink: Sink, cancelled: Callable[[], bool] = _never) -> None:
+    def submit(self, stream: Stream, sink: Sink, cancelled: Callable[[], bool] = never) -> None:
         """Run ``stream`` from the next round on."""
         with self._cond:
             if self._closed:
@@ -255,10 +200,10 @@ class Scheduler:
     def _passes(self, groups: list[tuple[Batch | None, list[Forward]]]) -> None:
         """Step 3: a pass of each batch. Beside streams that wait on the round, a batch with a
         curve takes only the prompt pieces that fit what is left of their budget: a step of
-        several rounds (a draft, then its check) is paused at most ``PIECE_SECONDS`` in all."""
+        several rounds (a draft, then its check) is paused at most ``piece_seconds`` in all."""
         feeds = {id(task.waiting) for task in self._tasks if _feeding(task)}
         waiting = [task for task in self._tasks if id(task.waiting) not in feeds]
-        budget = PIECE_SECONDS - max((task.paused for task in waiting), default=0.0)
+        budget = self.pacing.piece_seconds - max((task.paused for task in waiting), default=0.0)
         for batch, forwards in groups:
             pace = self._pace(batch)
             if pace is not None and not waiting and not pace.others():
@@ -266,7 +211,8 @@ class Scheduler:
             rows, added = (None, 0.0)
             if pace is not None:
                 steps = sum(len(f.tokens) for f in forwards if id(f) not in feeds)
-                rows, added = _rows(pace.price, steps, sum(len(f.tokens) for f in forwards) - steps, budget)
+                feeding = sum(len(f.tokens) for f in forwards) - steps
+                rows, added = piece_rows(pace.price, steps, feeding, budget, self.pacing)
             if rows == 0:
                 continue  # only pieces here, and no time left for them before the others' next events
             started = time.perf_counter()
@@ -280,7 +226,7 @@ class Scheduler:
             for task in waiting:
                 task.paused += added
 
-    def _pace(self, batch: Batch | None) -> _Pace | None:
+    def _pace(self, batch: Batch | None) -> Pace | None:
         return next((pace for pace in self._paces if pace.batch is batch), None)
 
 
@@ -291,37 +237,6 @@ def _feeding(task: _Task) -> bool:
     model's catch-up included, and it waits on the round."""
     forward = task.waiting
     return forward is not None and not task.decoding and len(forward.tokens) + forward.after > STEP_ROWS
-
-
-def _rows(curve: Curve, steps: int, feeds: int, budget: float) -> tuple[int | None, float]:
-    """(most rows of a pass over ``steps`` rows of steps and ``feeds`` rows of prompts, one
-    batch's, beside streams that wait on the round; what its pieces add to the pass): every
-    step whole, and pieces of the prompts that add at most ``budget`` seconds to what the
-    steps cost alone, as ``curve`` prices them (at least ``PIECE_MIN_ROWS`` where the whole
-    budget is left: the first piece of the others' step; none once it is spent). None: no
-    bound (no prompt here, or no price known yet).
-
-    Example: a one-row step beside a prompt, a curve of 0.03 s for 1 row and 0.015 s a row
-    more, a budget of 0.4 s: 1 + 26 rows, priced 0.42 s, where 1 + 27 would be 0.435 s (over
-    0.03 + 0.4); the pieces add 0.39 s.
-    """
-    base = curve(steps) if steps else 0.0
-    if not feeds or base is None:
-        return None, 0.0
-    if budget <= 0:
-        return steps, 0.0
-    limit = base + budget
-    floor = min(feeds, PIECE_MIN_ROWS) if budget >= PIECE_SECONDS else 0  # the first piece of a step
-    lo, hi = steps + floor, steps + feeds  # the answer is in [lo, hi]: the curve rises
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        price = curve(mid)
-        if price is not None and price <= limit:
-            lo = mid
-        else:
-            hi = mid - 1
-    price = curve(lo) if lo > steps else base
-    return lo, (price - base if price is not None else budget)
 
 
 def _step(batch: Batch | None, forwards: list[Forward], rows: int | None = None) -> int:

@@ -47,7 +47,7 @@ def create_app(settings: ServerSettings, pair: Pair) -> FastAPI:
     # A ``Pair`` does not say how many slots its models were loaded for, so the count is the
     # settings' own, the one ``prepare_pair`` was given.
     slots = build_slots(pair.target, pair.draft, settings.slots, pair.profile)
-    pool = SlotPool(slots, settings.queue_size, settings.request_timeout, metrics)
+    pool = SlotPool(slots, settings.queue_size, settings.request_timeout, metrics, settings.pacing)
     service = Service(settings, pair.target, pair.draft is not None, pool, metrics, slots[0].grammars)
 
     @asynccontextmanager

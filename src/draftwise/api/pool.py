@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from draftwise.api.monitoring import ServerMetrics
-from draftwise.config import DrafterName, GenerationConfig
+from draftwise.config import DrafterName, GenerationConfig, PacingConfig
 from draftwise.drafters import Drafter, build_drafter, text_bridge
 from draftwise.engine import SpeculativeEngine, Steps, grammars_of
 from draftwise.errors import DraftwiseError
@@ -142,7 +142,14 @@ class SlotPool:
     """The server's slots, the queue of requests waiting for one, and the scheduler that
     runs the generations of the slots taken."""
 
-    def __init__(self, slots: Sequence[Slot], queue_size: int, timeout: float, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        slots: Sequence[Slot],
+        queue_size: int,
+        timeout: float,
+        metrics: ServerMetrics,
+        pacing: PacingConfig = PacingConfig(),
+    ) -> None:
         self.size = len(slots)
         self.queue_size = queue_size
         self.timeout = timeout
@@ -156,7 +163,7 @@ class SlotPool:
         # (its prediction, encoded and read back) runs here: not on the event loop, not in the
         # rounds every stream waits on.
         self._setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-setup")
-        self.scheduler = _paced(Scheduler(), slots).start()
+        self.scheduler = _paced(Scheduler(pacing=pacing), slots).start()
         self._jobs: set[Job] = set()  # admitted and not done
         self.running = 0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig, ModelOptions
+from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig, ModelOptions, PacingConfig
 from draftwise.scale import ServeScale
 
 
@@ -53,6 +53,9 @@ class ServerSettings(BaseModel):
     generation: GenerationConfig = Field(
         GenerationConfig(),
         description="request defaults: max_new_tokens is the default max_tokens, draft the default speculation",
+    )
+    pacing: PacingConfig = Field(
+        PacingConfig(), description="how a long prompt goes in pieces beside the streams that are generating"
     )
     ray: ServeScale | None = Field(
         None,

@@ -29,12 +29,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from draftwise.bench.config import SPEC_BENCH
 from draftwise.bench.dataset import load_prompts
 from draftwise.bench.runner import PromptBuilder
-from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
+from draftwise.config import CostPolicyConfig, DraftConfig, GenerationConfig, ModelOptions
 from draftwise.drafters import Drafter, HybridDrafter, ModelDrafter
 from draftwise.engine import autoregressive
 from draftwise.errors import ConfigError
@@ -61,6 +61,36 @@ class ReplayConfig(BaseModel):
     data: str = Field(SPEC_BENCH, description="'spec_bench' (packaged) or a JSONL file of prompts, for --record")
     limit: int | None = Field(None, ge=1, description="prompts per subtask, for --record")
     max_new_tokens: int = Field(128, ge=1, le=4096, description="tokens decoded per prompt, for --record")
+    vary: str | None = Field(
+        None,
+        description="NAME=V1,V2,...: replay the cost policy with each value of one of its settings "
+        "(DraftConfig.cost: allowance, opening, growth, ...) beside plain and the best fixed configuration",
+    )
+
+    @field_validator("vary")
+    @classmethod
+    def _one_setting(cls, vary: str | None) -> str | None:
+        if vary is not None:
+            varied(vary)
+        return vary
+
+
+def varied(vary: str) -> tuple[str, list[CostPolicyConfig]]:
+    """``NAME=V1,V2,...`` read: the setting's name and the cost policy's settings at each value
+    (ValueError, one line, for a name the cost policy lacks or a value it refuses)."""
+    name, _, listed = vary.partition("=")
+    name = name.strip().replace("-", "_")
+    if name not in CostPolicyConfig.model_fields:
+        raise ValueError(f"--vary {name}: the cost policy's settings are {', '.join(CostPolicyConfig.model_fields)}")
+    values = [value.strip() for value in listed.split(",") if value.strip()]
+    if not values:
+        raise ValueError(f"--vary {name}=V1,V2,...: give the values to replay")
+    try:
+        return name, [CostPolicyConfig(**{name: float(value)}) for value in values]
+    except ValidationError as exc:
+        raise ValueError(f"--vary {name}: {exc.errors()[0]['msg']}") from None
+    except ValueError:
+        raise ValueError(f"--vary {name}: {listed!r} is not a list of numbers") from None
 
 
 @dataclass(frozen=True)
@@ -206,11 +236,41 @@ def compare(recordings: Sequence[Recording], host: CostProfile, draft: DraftConf
         for name in names
         for k in range(1, FIXED_K + 1)
     }
-    return Comparison(
-        plain=over(fixed_k(0), ()),
-        policy=over(lambda: CostAwareK(draft, copy.deepcopy(host))),
-        fixed=fixed,
-    )
+    return Comparison(plain=over(fixed_k(0), ()), policy=policy_rate(recordings, host, draft), fixed=fixed)
+
+
+def policy_rate(recordings: Sequence[Recording], host: CostProfile, draft: DraftConfig) -> float:
+    """Tokens per second of the cost policy over ``recordings``, a fresh, cold one per recording."""
+    return _rate(replay(r, CostAwareK(draft, copy.deepcopy(host)), host) for r in recordings)
+
+
+@dataclass(frozen=True)
+class Swept:
+    """The cost policy at one value of a setting, over each subtask: its tokens per second over
+    plain decoding's, and over the best fixed configuration's."""
+
+    value: float
+    over_plain: dict[str, float]
+    over_best: dict[str, float]
+
+
+def sweep(
+    groups: dict[str, list[Recording]], host: CostProfile, name: str, settings: Sequence[CostPolicyConfig]
+) -> list[Swept]:
+    """The cost policy replayed at each of ``settings`` (``name`` varied) on ``host``."""
+    compared = {subtask: compare(recordings, host) for subtask, recordings in groups.items()}
+    rows = []
+    for cost in settings:
+        draft = DraftConfig(cost=cost)
+        rates = {subtask: policy_rate(recordings, host, draft) for subtask, recordings in groups.items()}
+        rows.append(
+            Swept(
+                getattr(cost, name),
+                {subtask: rate / compared[subtask].plain for subtask, rate in rates.items()},
+                {subtask: rate / compared[subtask].best_fixed[1] for subtask, rate in rates.items()},
+            )
+        )
+    return rows
 
 
 def read_recordings(path: Path) -> list[Recording]:

@@ -9,7 +9,7 @@ Flags derive from ``ReplayConfig`` (``draftwise.bench.replay``) through
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -17,6 +17,10 @@ from draftwise.bench.replay import ReplayConfig
 from draftwise.cli.options import Flags, aliases_of, built, note, split, with_flags, with_model_options
 from draftwise.config import ModelOptions
 from draftwise.errors import ConfigError
+
+if TYPE_CHECKING:
+    from draftwise.bench.replay import Recording
+    from draftwise.profile import CostProfile
 
 FLAGS = (Flags(ReplayConfig, parse={"hosts": lambda value: tuple(Path(p) for p in split(value))}),)
 ALIASES = aliases_of(*FLAGS)
@@ -29,7 +33,8 @@ def replay(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions
     target's greedy answers (--record FILE), or read such a recording (--recording FILE), and
     replay plain decoding, the cost policy from a cold start and every fixed configuration over
     it on each host profile (--hosts a.json,b.json): tokens per second by subtask, and the
-    best fixed configuration in hindsight."""
+    best fixed configuration in hindsight; with --vary NAME=V1,V2, the cost policy at each
+    value of one of its settings."""
     from rich.console import Console
     from rich.table import Table
 
@@ -45,6 +50,9 @@ def replay(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions
     if config.record is not None:
         note(f"recording to {record_prompts(config, models, note)}")
     groups = by_subtask(read_recordings(source))
+    if config.vary is not None:
+        _sweep(config.vary, groups, hosts)
+        return
     for name, host in hosts.items():
         table = Table(
             "subtask",
@@ -68,6 +76,28 @@ def replay(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions
                 f"{result.policy / result.plain:.2f}x",
                 f"{result.policy / rate:.2f}",
             )
+        Console(width=max(120, Console().width)).print(table)
+
+
+def _sweep(vary: str, groups: dict[str, list[Recording]], hosts: dict[str, CostProfile]) -> None:
+    """``--vary``: a table per host, a column per value of the setting, the policy over plain
+    decoding and over the best fixed configuration in each subtask, and the worst of each."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from draftwise.bench.replay import sweep, varied
+    from draftwise.config import CostPolicyConfig
+
+    name, settings = varied(vary)
+    default = getattr(CostPolicyConfig(), name)
+    for host_name, host in hosts.items():
+        rows = sweep(groups, host, name, settings)
+        heads = [f"{name} {row.value:g}{' (default)' if row.value == default else ''}" for row in rows]
+        table = Table("subtask", *heads, title=f"the cost policy on {host_name}: over plain, over the best fixed")
+        for group in groups:
+            table.add_row(group, *(f"{row.over_plain[group]:.2f}x, {row.over_best[group]:.2f}" for row in rows))
+        worst = (f"{min(row.over_plain.values()):.2f}x, {min(row.over_best.values()):.2f}" for row in rows)
+        table.add_row("worst", *worst)
         Console(width=max(120, Console().width)).print(table)
 
 

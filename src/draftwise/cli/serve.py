@@ -22,7 +22,7 @@ from draftwise.cli.options import (
     with_flags,
     with_model_options,
 )
-from draftwise.config import DraftConfig, GenerationConfig, ModelOptions
+from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, PacingConfig
 from draftwise.prepare import recommended
 from draftwise.registry import DEFAULT_TARGET
 from draftwise.scale import API_KEY_ENV, ServeScale
@@ -64,6 +64,7 @@ FLAGS = (
         help={"max_new_tokens": f"default max_tokens of a request; default: {GenerationConfig().max_new_tokens}"},
     ),
     Flags(DraftConfig, include=("k_policy", "k")),
+    Flags(PacingConfig, include=("piece_seconds",)),
 )
 ALIASES = aliases_of(*FLAGS)
 
@@ -84,7 +85,10 @@ def serve(
         server["draft"], server["drafter"] = recommended(server["target"])
     draft = built(DraftConfig, aliases=ALIASES, **given[DraftConfig])
     generation = built(GenerationConfig, aliases=ALIASES, **given[GenerationConfig], draft=draft)
-    settings = built(ServerSettings, aliases=ALIASES, **server, models=models, ray=ray, generation=generation)
+    pacing = built(PacingConfig, aliases=ALIASES, **given[PacingConfig])
+    settings = built(
+        ServerSettings, aliases=ALIASES, **server, models=models, ray=ray, generation=generation, pacing=pacing
+    )
     warn_if_exposed(settings.host, settings.api_key)
     if settings.ray is not None:
         from draftwise.cluster.serve_app import serve_on_ray

@@ -124,7 +124,7 @@ class VerifierService:
         self._lock = threading.Lock()
         self.hits = 0  # verifies that found their session here
         self.misses = 0  # verifies for a session not held here (its client re-opens it)
-        self.scheduler = Scheduler(name="draftwise-verifier")
+        self.scheduler = Scheduler(name="draftwise-verifier", pacing=settings.pacing)
         if profile is not None and lm.batch is not None:
             # A long prompt opening beside other sessions' verifies goes in pieces sized by
             # the target's pass times (as serve's streams do), not pieces of its row budget.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from draftwise.config import ModelOptions
+from draftwise.config import ModelOptions, PacingConfig
 from draftwise.scale import ServeScale
 
 API_KEY_ENV = "DRAFTWISE_VERIFIER_API_KEY"  # read by serve-verifier and by the client
@@ -42,6 +42,9 @@ class VerifierSettings(BaseModel):
     max_q_entries: int = Field(4096, ge=1, description="draft-distribution entries per proposed token (sampling mode)")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body accepted")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often idle sessions are looked for")
+    pacing: PacingConfig = Field(
+        PacingConfig(), description="how a long prompt goes in pieces beside the sessions that are verifying"
+    )
     ray: ServeScale | None = Field(
         None,
         description="run as a Ray Serve deployment of this many replicas, sessions routed by their ID "
