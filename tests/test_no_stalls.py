@@ -198,7 +198,7 @@ def test_a_verifier_prices_its_target_s_batched_passes_by_its_timed_curve(tiny_t
 
 def test_a_verifier_counts_a_session_that_just_verified_as_wanting_a_pass_soon(tiny_target):
     from draftwise.remote.protocol import OpenSession
-    from draftwise.remote.sessions import ACTIVE_S, VerifierService
+    from draftwise.remote.sessions import VerifierService
     from draftwise.remote.settings import VerifierSettings
 
     service = VerifierService(VerifierSettings(target="tiny:0"), tiny_target)
@@ -208,7 +208,7 @@ def test_a_verifier_counts_a_session_that_just_verified_as_wanting_a_pass_soon(t
         assert not service._others_active()  # opened, never verified
         session.verified_at = time.monotonic()
         assert service._others_active()  # its client is drafting its next block
-        session.verified_at -= ACTIVE_S
+        session.verified_at -= service.active_s  # VerifierSettings.active_s
         assert not service._others_active()
     finally:
         service.scheduler.close()

@@ -58,9 +58,6 @@ from draftwise.web import JsonBodyError, check_json_type, read_json_body
 _Q_SUM_SLACK = 1e-3
 
 
-# A session that verified this recently is taken to be drafting its next block (a draft model
-# drafts a block in well under this on a CPU): a long prompt beside it goes in paced pieces.
-ACTIVE_S = 1.0
 
 
 class VerifierError(DraftwiseError):
@@ -125,23 +122,24 @@ class VerifierService:
         self.hits = 0  # verifies that found their session here
         self.misses = 0  # verifies for a session not held here (its client re-opens it)
         self.scheduler = Scheduler(name="draftwise-verifier", pacing=settings.pacing)
+        self.active_s = settings.active_s
         if profile is not None and lm.batch is not None:
             # A long prompt opening beside other sessions' verifies goes in pieces sized by
             # the target's pass times (as serve's streams do), not pieces of its row budget.
             # A session is in the rounds only during its verify: between two, while its client
-            # drafts, it counts as waiting as long as it verified within ``ACTIVE_S``.
+            # drafts, it counts as waiting as long as it verified within ``settings.active_s``.
             times = profile.pass_times
             self.scheduler.pace(lm.batch, lambda rows: times.at(rows, rising=True), self._others_active)
         self.scheduler.start()
         weakref.finalize(self, self.scheduler.close)
 
     def _others_active(self) -> bool:
-        """Whether a session has verified within ``ACTIVE_S``: its client is drafting its next
+        """Whether a session has verified within ``active_s``: its client is drafting its next
         block and will want a pass soon. (Read from the round thread without the table's lock:
         the copy of the table is one step under the GIL.)"""
         now = time.monotonic()
         done = [s.verified_at for s in tuple(self._sessions.values()) if s.verified_at is not None]
-        return any(now - at < ACTIVE_S for at in done)
+        return any(now - at < self.active_s for at in done)
 
     @property
     def session_count(self) -> int:

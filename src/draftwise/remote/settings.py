@@ -45,6 +45,13 @@ class VerifierSettings(BaseModel):
     pacing: PacingConfig = Field(
         PacingConfig(), description="how a long prompt goes in pieces beside the sessions that are verifying"
     )
+    active_s: float = Field(
+        1.0,
+        gt=0,
+        le=3600,
+        description="a session that verified this recently is taken to be drafting its next block, and a long "
+        "prompt beside it goes in paced pieces (a draft model drafts a block in well under a second on a CPU)",
+    )
     ray: ServeScale | None = Field(
         None,
         description="run as a Ray Serve deployment of this many replicas, sessions routed by their ID "
