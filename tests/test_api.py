@@ -316,6 +316,11 @@ def test_metrics_counters_move(tiny_target, tiny_near_draft):
         assert after[("draftwise_time_per_output_token_seconds_count", ())] == 42
         assert after[("draftwise_prompt_tokens_total", ())] == 2 * len(tiny_target.tokenizer.encode(PROMPT))
         assert after[("draftwise_queue_depth", ())] == 0 and after[("draftwise_active_generations", ())] == 0
+        # Where the round thread's time went: passes, and the work between them; both grew.
+        passes_s = after[("draftwise_round_thread_seconds", (("part", "passes"),))]
+        between_s = after[("draftwise_round_thread_seconds", (("part", "between"),))]
+        assert passes_s > before[("draftwise_round_thread_seconds", (("part", "passes"),))] and between_s > 0
+        assert after[("draftwise_rounds", ())] >= passes
 
 
 def test_a_slot_reuses_the_prompt_start_it_holds(tiny_target):

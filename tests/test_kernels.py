@@ -1,7 +1,8 @@
-"""Which of ggml's kernels run a repacked matrix (draftwise.backends.llamacpp_kernels), in
-closed form: the crossover of two timed curves, when draftwise takes the choice, which passes
-may run the stock kernels, and the choice timed once with the switch at each setting, then
-cached. The kernels themselves, on a real model, are in tests/test_llamacpp.py."""
+"""Which of ggml's kernels run a repacked matrix (draftwise.backends.llamacpp_kernels, timed
+by draftwise.costs.choose_kernels), in closed form: the crossover of two timed curves, when
+draftwise takes the choice, which passes may run the stock kernels, and the choice timed once
+with the switch at each setting, then cached by what decides it. The kernels themselves, on a
+real model, are in tests/test_llamacpp.py."""
 
 from __future__ import annotations
 
@@ -9,15 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftwise.backends import llamacpp_kernels as kernels
+from draftwise import costs
 from draftwise.backends.llamacpp_batch import Request
-from draftwise.backends.llamacpp_kernels import (
-    STOCK_FROM_ROWS,
-    KernelChoice,
-    choose_stock_rows,
-    crossover,
-    keep_layouts,
-)
+from draftwise.backends.llamacpp_kernels import STOCK_FROM_ROWS, KernelChoice, keep_layouts
+from draftwise.costs import choose_kernels, crossover
 
 
 def test_the_stock_kernels_take_over_from_the_fewest_rows_where_they_win_at_every_larger_size():
@@ -93,7 +89,7 @@ def test_a_request_is_a_prompt_piece_when_it_feeds_several_tokens_scored_at_the_
 
 
 def _timing(monkeypatch, tmp_path, curves):
-    """choose_stock_rows's passes, recorded with the rows the choice held while each curve was
+    """choose_kernels's passes, recorded with the rows the choice held while each curve was
     timed (prompt pieces only)."""
     monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
     choice = KernelChoice(Switch(), timed=True, stock_rows=None)
@@ -104,32 +100,42 @@ def _timing(monkeypatch, tmp_path, curves):
         timed.append(choice.stock_rows)
         return curves[choice.stock_rows]
 
-    monkeypatch.setattr(kernels, "time_curve", time_curve)
+    monkeypatch.setattr(costs, "time_curve", time_curve)
     return choice, timed
+
+
+def _target(choice: KernelChoice, max_context: int = 4096, key: str = "llamacpp|target|2 threads|cpu"):
+    """A target whose backend leaves its prompt pieces' kernels to ``choice``'s timing."""
+    return SimpleNamespace(
+        name="target", max_context=max_context, kernel_timing=choice.to_time(key), fingerprint=f"{key}|positions"
+    )
 
 
 def test_the_choice_is_timed_on_each_kernel_once_then_read_from_the_cache(monkeypatch, tmp_path):
     curves = {0: {1: 0.03, 16: 0.20, 32: 0.40, 64: 0.70}, 1: {1: 0.03, 16: 0.25, 32: 0.30, 64: 0.50}}
     choice, timed = _timing(monkeypatch, tmp_path, curves)
-    target = SimpleNamespace(name="target", fingerprint="llamacpp|target", max_context=4096)
     logged = []
-    assert choose_stock_rows(target, choice, logged.append) == 32
+    assert choose_kernels(_target(choice), logged.append) == 32
     assert timed == [0, 1] and choice.stock_rows == 32 and len(logged) == 1
+    assert choose_kernels(_target(choice), logged.append) is None  # chosen: nothing left to time
     choice.stock_rows = None
-    assert choose_stock_rows(target, choice, logged.append) == 32  # cached: no pass timed again
+    # Another context length or slot count (another fingerprint), the same file, threads and
+    # device: the choice is read from the cache, no pass timed again.
+    assert choose_kernels(_target(choice, max_context=8192), logged.append) == 32
     assert timed == [0, 1] and choice.stock_rows == 32
+    choice.stock_rows = None
+    assert choose_kernels(_target(choice, key="llamacpp|target|1 threads|cpu"), logged.append) == 32
+    assert timed == [0, 1, 0, 1]  # other threads: timed again
 
 
 def test_a_choice_timed_on_a_busy_machine_is_not_cached(monkeypatch, tmp_path):
     busy = {1: 0.03, 64: 9.0}  # 64 rows slower than 64 one-row passes: not this machine's curve
     choice, _ = _timing(monkeypatch, tmp_path, {0: busy, 1: busy})
-    target = SimpleNamespace(name="target", fingerprint="llamacpp|target", max_context=4096)
-    assert choose_stock_rows(target, choice, lambda line: None) == 0
+    assert choose_kernels(_target(choice), lambda line: None) == 0
     assert not (tmp_path / "costs.json").exists()
 
 
 def test_a_context_too_short_to_time_both_kernels_keeps_every_product_repacked(monkeypatch, tmp_path):
     choice, timed = _timing(monkeypatch, tmp_path, {})
-    target = SimpleNamespace(name="target", fingerprint="llamacpp|target", max_context=256)
-    assert choose_stock_rows(target, choice, lambda line: None) == 0
+    assert choose_kernels(_target(choice, max_context=256), lambda line: None) == 0
     assert timed == [] and choice.stock_rows == 0

@@ -42,6 +42,9 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
         ("draftwise.registry", "draftwise.pull"),
         ("draftwise.web",),
     ),
+    # the model backends: transformers and llama.cpp behind the LanguageModel seam, below
+    # everything that runs a model (their kernel choice is timed from above, draftwise.costs)
+    (("draftwise.backends",),),
     # verification: the acceptance rule, the step event it yields, the metrics built from events
     (("draftwise.verify", "draftwise.events", "draftwise.metrics"),),
     # below the drafters, each apart: the draft policies (which source drafts, how many tokens),
@@ -57,8 +60,6 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     # rounds (it runs the engine's steps without importing the engine), with its pacing of
     # long prompts beside them
     (("draftwise.engine",), ("draftwise.scheduler", "draftwise.pacing")),
-    # the model backends: transformers and llama.cpp behind the LanguageModel seam
-    (("draftwise.backends",),),
     # picking a backend for a source, preparing a pair, and the package's public names
     (("draftwise.loading", "draftwise.prepare", "draftwise"),),
     # the services that run on one process's models: the bench, the OpenAI API, the verifier

@@ -21,17 +21,20 @@ import pytest
 
 from draftwise import grammar as grammar_module
 from draftwise.api.errors import APIError
-from draftwise.api.pool import Slot, _generation, _paced
+from draftwise.api.pool import Slot, _paced
 from draftwise.api.schemas import MAX_MESSAGES, ChatCompletionRequest
 from draftwise.api.translate import check_prediction
 from draftwise.backends.tiny import tiny_tokenizer
 from draftwise.config import DraftConfig, GenerationConfig, GrammarSpec, SamplingConfig
+from draftwise.drafters import NGramDrafter
+from draftwise.engine import SpeculativeEngine
 from draftwise.grammar import Grammars
-from draftwise.lm import drive, longest_token
+from draftwise.lm import Forward, drive, longest_token
 from draftwise.prediction import PredictionDrafter, encode_prediction
 from draftwise.profile import CostProfile
 from draftwise.retokenize import TokenText
 from draftwise.scheduler import Scheduler, run_together
+from draftwise.target import LocalTarget
 
 MODEL = "tiny:0"
 PREDICTED = "def area(radius):\n    return 3.14159 * radius * radius\n\nprint(area(2.0))\n"
@@ -214,7 +217,7 @@ def test_a_verifier_counts_a_session_that_just_verified_as_wanting_a_pass_soon(t
         service.scheduler.close()
 
 
-def test_a_server_generation_with_its_prediction_encoded_at_admission_gives_the_same_steps(tiny_target):
+def test_a_server_generation_prepared_at_admission_gives_the_same_steps(tiny_target):
     slot = Slot(tiny_target, None)
     assert tiny_target.tokenizer is not None
     prompt = tiny_target.tokenizer.encode("Rename area to disc_area.\n")
@@ -224,13 +227,30 @@ def test_a_server_generation_with_its_prediction_encoded_at_admission_gives_the_
         draft=DraftConfig(k_policy="fixed", k=4),
         sampling=SamplingConfig(temperature=0),
     )
-    encoded = encode_prediction(tiny_target.tokenizer, PREDICTED)
-    (ahead,) = run_together([_generation(slot, "ngram", prompt, config, encoded)])
-    (rounds,) = run_together([_generation(slot, "ngram", prompt, config)])
+    ids = tiny_target.tokenizer.encode(PREDICTED, add_special_tokens=False, parse_special=False)
+    engine, prepared = slot.prepare("ngram", prompt, config, ids)  # as the pool's setup thread does
+    (ahead,) = run_together([engine.steps(prepared)])
+    (rounds,) = run_together([slot.engine("ngram").steps(prompt, config)])  # prepared in the rounds
     assert [(e.tokens, e.source, e.proposed, e.n_accepted) for e in ahead] == [
         (e.tokens, e.source, e.proposed, e.n_accepted) for e in rounds
     ]
     assert any(e.source == "prediction" for e in ahead)
+
+
+def test_a_prepared_run_reaches_its_first_pass_without_reading_text(tiny_target):
+    # What grows with the prompt and the prediction (encoding the prediction and reading it
+    # back, the drafters' reading of the prompt) is done when the run is prepared: advancing it
+    # to its first pass, which the round thread does, calls the tokenizer not once.
+    tokenizer = Counting(tiny_target.tokenizer)
+    engine = SpeculativeEngine(LocalTarget(tiny_target), NGramDrafter(), tokenizer)
+    prompt = tiny_target.tokenizer.encode("Rename area to disc_area.\n" * 20)
+    prepared = engine.prepare(prompt, GenerationConfig(max_new_tokens=8, prediction=PREDICTED * 20))
+    assert tokenizer.encodes >= 1 and tokenizer.decodes > len(prompt)  # the prediction, and the prompt read
+    tokenizer.encodes = tokenizer.decodes = 0
+    tiny_target.reset()  # no start of the prompt left cached by another test
+    first = next(engine.steps(prepared))
+    assert isinstance(first, Forward) and first.tokens == prompt[: len(first.tokens)]  # the prefill
+    assert tokenizer.encodes == tokenizer.decodes == 0
 
 
 def test_a_prediction_is_tokenized_once_a_request(url, tiny_target, monkeypatch):

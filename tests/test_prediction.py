@@ -101,12 +101,12 @@ def test_token_offsets_map_characters_to_tokens():
 
 def test_without_a_prediction_the_drafter_is_unchanged():
     ngram = NGramDrafter()
-    assert with_prediction(ngram, None, GenerationConfig()) is ngram
-    assert with_prediction(None, None, GenerationConfig()) is None
-    both = with_prediction(ngram, tiny_tokenizer(), GenerationConfig(prediction="x"))
+    assert with_prediction(ngram, None, None) is ngram
+    assert with_prediction(None, None, None) is None
+    both = with_prediction(ngram, tiny_tokenizer(), "x")
     assert isinstance(both, Sources) and isinstance(both.drafters[0], PredictionDrafter)
     with pytest.raises(ValueError, match="tokenizer"):
-        with_prediction(ngram, None, GenerationConfig(prediction="x"))
+        with_prediction(ngram, None, "x")
 
 
 def _plain(tiny_target, prompt: str, n: int) -> list[int]:
@@ -214,7 +214,7 @@ def test_a_long_block_pays_only_where_the_curve_makes_it_cheap():
 def test_the_other_drafter_drafts_only_where_the_output_left_the_prediction():
     tok = tiny_tokenizer()
     prompt = tok.encode("xyz xyz ", add_special_tokens=False)
-    both = with_prediction(NGramDrafter(), tok, GenerationConfig(prediction=PREDICTED))
+    both = with_prediction(NGramDrafter(), tok, PREDICTED)
     both.start(prompt, GenerationConfig(prediction=PREDICTED), None)
     assert [o.source for o in both.offers(prompt)] == [PREDICTION]
     off = prompt + tok.encode("xyz", add_special_tokens=False)  # not in the prediction; "xyz" repeats

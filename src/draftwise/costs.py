@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,58 @@ def time_draft(lm: LanguageModel) -> tuple[float, float]:
     catchup = (time.perf_counter() - started) / len(context)
     token = time_passes(lm, range(1, 2))[1]
     return token, catchup
+
+
+# Prompt pieces timed on each kernel layout (``choose_kernels``), from a prompt's short tail to
+# the pieces of a long one (one row, a one-token step, runs repacked both times: the reference a
+# curve is ``plausible`` by).
+KERNEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def crossover(repacked: Mapping[int, float], stock: Mapping[int, float]) -> int:
+    """The fewest rows from which the stock kernels were faster at that size and at every
+    larger one timed; 0 where the largest size was faster repacked.
+
+    >>> crossover({1: 0.037, 16: 0.238, 32: 0.391, 64: 0.706}, {1: 0.051, 16: 0.268, 32: 0.304, 64: 0.517})
+    32
+    >>> crossover({1: 0.030, 64: 0.500}, {1: 0.040, 64: 0.520})
+    0
+    """
+    rows = 0
+    for n in sorted(repacked, reverse=True):
+        if n not in stock or stock[n] >= repacked[n]:
+            break
+        rows = n
+    return rows
+
+
+def choose_kernels(target: LanguageModel, log: Callable[[str], None], cache: CostCache | None = None) -> int | None:
+    """Where ``target``'s backend leaves its kernels for prompt pieces to timing
+    (``LanguageModel.kernel_timing``): time its prompt pieces of ``KERNEL_SIZES`` rows on the
+    repacked kernels and on the stock ones, or read the choice from the cache (keyed by what
+    decides it: the file, the threads, the device and the CPU, not the context or the slots),
+    set the ``crossover`` and return it (0 for a context too short to time them in, which keeps
+    every product repacked); None where there is nothing to choose. Call before any pass is
+    under way."""
+    timing = target.kernel_timing
+    if timing is None:
+        return None
+    rows = 0
+    if (target.max_context or 0) >= CONTEXT + max(KERNEL_SIZES):
+        cache = cache or CostCache()
+        key = f"stock rows for prompts {','.join(map(str, KERNEL_SIZES))}|{timing.key}|{_cpu()}"
+        rows = cache.get(key)
+        if rows is None:
+            log(f"timing {target.name}'s prompt pieces on ggml's two kernel layouts (once on this machine; cached)")
+            timing.set_stock_rows(0)
+            repacked = time_curve(target, KERNEL_SIZES, prompt=True)
+            timing.set_stock_rows(1)
+            stock = time_curve(target, KERNEL_SIZES, prompt=True)
+            rows = crossover(repacked, stock)
+            if plausible(repacked) and plausible(stock):
+                cache.put(key, rows)
+    timing.set_stock_rows(int(rows))
+    return int(rows)
 
 
 class CostCache:

@@ -68,7 +68,10 @@ class Drafter(Protocol):
     """The one interface every drafter implements."""
 
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
-        """Begin a new sequence."""
+        """Begin a new sequence after ``prompt``: read it, with no model pass and no KV cache
+        touched (a model drafter feeds its model lazily, in its proposals), since a server
+        prepares a run off the rounds that run every stream's passes
+        (``SpeculativeEngine.prepare``)."""
 
     def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
         """What each source could propose after ``context``, preferred first (cheap: no model pass)."""
@@ -98,11 +101,16 @@ class ModelDrafter:
         self.lm = lm
         self._config = GenerationConfig()
         self._generator: torch.Generator | None = None
+        self._stale = False
 
     def start(self, prompt: Sequence[int], config: GenerationConfig, generator: torch.Generator | None) -> None:
         self._config = config
         self._generator = generator
-        self.lm.reset()
+        self._stale = True  # the cache is another sequence's: emptied by the first proposal
+
+    def cached(self) -> int:
+        """Tokens of this sequence the draft model's cache holds."""
+        return 0 if self._stale else len(self.lm.tokens)
 
     def room(self, context_length: int) -> int:
         """Tokens the draft model can still draft after a context this long."""
@@ -112,11 +120,14 @@ class ModelDrafter:
     def offers(self, context: Sequence[int]) -> tuple[Offer, ...]:
         if self.room(len(context)) <= 0:
             return ()
-        return (Offer(MODEL, behind=max(0, len(context) - 1 - len(self.lm.tokens)), passes=True),)
+        return (Offer(MODEL, behind=max(0, len(context) - 1 - self.cached()), passes=True),)
 
     def _catch_up(self, context: Sequence[int]) -> Passes[tuple[list[int], float, int]]:
         """Sync the cache with ``context``; feed a long gap now, as a prefill. Returns what
         is left to feed with the first draft step, the catch-up's seconds and tokens."""
+        if self._stale:
+            self.lm.reset()
+            self._stale = False
         feed = sync(self.lm, context)
         if len(feed) <= self.CATCHUP:
             return feed, 0.0, 0
@@ -169,7 +180,7 @@ class ModelDrafter:
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         # Drop rejected draft tokens now so the cache never holds more than it must.
-        if self.lm.tokens:
+        if self.cached():
             sync(self.lm, context)
 
 
@@ -328,7 +339,7 @@ class CrossVocabDrafter:
         self._follow(context)
         if self.model.room(len(self.draft_ids.ids)) <= 0:
             return ()
-        return (Offer(MODEL, behind=max(0, len(self.draft_ids.ids) - 1 - len(self.lm.tokens)), passes=True),)
+        return (Offer(MODEL, behind=max(0, len(self.draft_ids.ids) - 1 - self.model.cached()), passes=True),)
 
     def _steps(self, k: int) -> int:
         """The most draft tokens a block of ``k`` target tokens may take: those of ``k + 2``
@@ -377,7 +388,7 @@ class CrossVocabDrafter:
 
     def observe(self, context: Sequence[int], verdict: Verdict) -> None:
         self._follow(context)
-        if self.lm.tokens and self.draft_ids.ids:
+        if self.model.cached() and self.draft_ids.ids:
             sync(self.lm, self.draft_ids.ids)
 
 

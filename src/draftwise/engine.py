@@ -27,7 +27,7 @@ from draftwise.lm import Forward, LanguageModel, Tokenizer, run_alone
 from draftwise.metrics import GenerationMetrics
 from draftwise.offers import PLAIN, Choice, Outcome
 from draftwise.policies import DraftPolicy, FixedK, make_policy
-from draftwise.prediction import with_prediction
+from draftwise.prediction import EncodedPrediction, with_prediction
 from draftwise.profile import CostProfile
 from draftwise.stopping import TextStream, first_eos
 from draftwise.target import LocalTarget, Target, Verification
@@ -204,6 +204,17 @@ class _Run:
 Steps = Generator[Forward | StepEvent, torch.Tensor, None]
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A generation set up by ``SpeculativeEngine.prepare``: its bookkeeping (prompt, config,
+    policy, constraint), the drafter stack that has read the prompt (None: plain decoding)
+    and the target's random stream. Run it once, with ``SpeculativeEngine.steps``."""
+
+    run: _Run
+    drafter: Drafter | None
+    target_generator: torch.Generator | None
+
+
 def seeded_generators(seed: int | None) -> tuple[torch.Generator | None, torch.Generator | None]:
     """The (target, drafter) random streams of a seeded run; (None, None) without a seed.
 
@@ -270,43 +281,58 @@ class SpeculativeEngine:
         further event."""
         return run_alone(self.steps(prompt, config), cancelled)
 
-    def steps(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Steps:
-        """One generation as the passes it needs and the events it makes, in order: it
-        yields each pass (a ``Forward``) and is sent its scores, and yields each step's
-        event (and is sent nothing). ``stream`` runs it alone; a server's scheduler runs many
-        at once, their passes batched in rounds (``draftwise.scheduler``)."""
+    def prepare(
+        self,
+        prompt: str | Sequence[int],
+        config: GenerationConfig | None = None,
+        prediction: EncodedPrediction | None = None,
+    ) -> PreparedRun:
+        """One generation set up with nothing left for the rounds but its passes (no model
+        pass, no KV cache touched here, so a server runs this off the rounds every stream
+        waits on): the prompt's ids, the drafter stack, which has read the prompt, the
+        policy with its tables, the grammar's constraint and the random streams.
+        ``prediction``: the config's prediction encoded ahead (``encode_prediction``), in its
+        place; without it the config's is encoded here."""
         config = config or GenerationConfig()
+        ids = self.encode(prompt)
         # A request's prediction is a source of its own, preferred to the engine's drafter's.
         # Its grammar masks every step; where there is a drafter, the grammar's forced text
         # is one more source and the others' drafts are cut to what it allows (plain
         # decoding stays token-by-token constrained decoding, the baseline).
-        drafter = with_prediction(self.drafter, self.tokenizer, config)
-        constraint = self._constraint(config)
+        drafter = with_prediction(self.drafter, self.tokenizer, prediction or config.prediction)
+        constraint = None
+        if config.grammar is not None:
+            if self.grammars is None:
+                raise ValueError("a grammar needs the target's tokenizer (SpeculativeEngine(grammars=...))")
+            constraint = self.grammars.constraint(config.grammar)
         if constraint is not None and drafter is not None:
             drafter = Constrained(drafter, constraint)
         policy = make_policy(config.draft, self.profile) if drafter is not None else FixedK(0)
-        run = _Run(self.encode(prompt), config, self.target.eos_token_ids, self.tokenizer, policy, constraint)
+        target_generator, drafter_generator = seeded_generators(config.sampling.seed)
+        if drafter is not None:
+            drafter.start(ids, config, drafter_generator)
+        run = _Run(ids, config, self.target.eos_token_ids, self.tokenizer, policy, constraint)
+        return PreparedRun(run, drafter, target_generator)
+
+    def steps(self, prompt: str | Sequence[int] | PreparedRun, config: GenerationConfig | None = None) -> Steps:
+        """One generation as the passes it needs and the events it makes, in order: it
+        yields each pass (a ``Forward``) and is sent its scores, and yields each step's
+        event (and is sent nothing). ``prompt``: a run ``prepare`` set up (then ``config`` is
+        its own), or a prompt to prepare now. ``stream`` runs it alone; a server's scheduler
+        runs many at once, their passes batched in rounds (``draftwise.scheduler``)."""
+        prepared = prompt if isinstance(prompt, PreparedRun) else self.prepare(prompt, config)
         try:
-            yield from self._steps(run, drafter)
+            yield from self._steps(prepared.run, prepared.drafter, prepared.target_generator)
         finally:
             # 7. Whatever ended the run (its end, an error, Ctrl-C, a consumer that stopped
             # reading): the target frees what the run held (a remote verifier's session).
             self.target.finish()
 
-    def _constraint(self, config: GenerationConfig) -> Constraint | Triggered | None:
-        if config.grammar is None:
-            return None
-        if self.grammars is None:
-            raise ValueError("a grammar needs the target's tokenizer (SpeculativeEngine(grammars=...))")
-        return self.grammars.constraint(config.grammar)
-
-    def _steps(self, run: _Run, drafter: Drafter | None) -> Steps:
-        target_generator, drafter_generator = seeded_generators(run.config.sampling.seed)
-        # 1. Prefill target and drafter with the prompt.
+    def _steps(self, run: _Run, drafter: Drafter | None, target_generator: torch.Generator | None) -> Steps:
+        # 1. Prefill the target with the prompt (the drafter read it when the run was
+        # prepared; a draft model feeds it lazily, on its first proposal).
         started = time.perf_counter()
         yield from self.target.start(run.context, run.config, target_generator)
-        if drafter is not None:
-            drafter.start(run.context, run.config, drafter_generator)
         run.prefill_seconds = time.perf_counter() - started
 
         while not run.finished:

@@ -177,6 +177,17 @@ class Batch(Protocol):
         other streams); each one fed whole gets its ``scores``. Returns the rows it fed."""
 
 
+class KernelTiming(Protocol):
+    """Kernels for prompt pieces that a backend leaves to timing (llama.cpp's repacked matrices,
+    docs/speed.md#kernels-chosen-by-timing): what the choice depends on, and where it goes.
+    ``draftwise.costs.choose_kernels`` times the pieces both ways and sets it."""
+
+    key: str  # what decides the choice: the weights file, the threads, the device
+
+    def set_stock_rows(self, rows: int) -> None:
+        """Passes of prompt pieces of at least ``rows`` rows run the stock kernels (0: none)."""
+
+
 @runtime_checkable
 class LanguageModel(Protocol):
     """One sequence and its KV cache over a model's weights (batch size 1).
@@ -216,6 +227,11 @@ class LanguageModel(Protocol):
     @property
     def batch(self) -> Batch | None:
         """What batches this sequence's passes with its forks'; None where each runs alone."""
+
+    @property
+    def kernel_timing(self) -> KernelTiming | None:
+        """The choice of kernels for prompt pieces left to timing and not yet made; None where
+        there is none to make (another backend, ``--exact``, the GPU, the user's own)."""
 
     @property
     def last_pass(self) -> PassInfo | None:

@@ -166,7 +166,10 @@ class CostAwareK:
         self.others_rows = self.profile.others_rows  # rows of other streams in the last pass ours rode in
         self.others_streams = self.profile.others_streams  # and the streams they belong to
         # This stream's acceptance, from the last generation's (a prompt of its own may differ).
-        self._acceptance = {key: counts.under(self.settings) for key, counts in self.profile.acceptance.items()}
+        # A server builds it off the rounds that update the tables: ``tuple`` takes them in one
+        # step under the interpreter's lock, and ``under`` copies each count list likewise.
+        tables = tuple(self.profile.acceptance.items())
+        self._acceptance = {key: counts.under(self.settings) for key, counts in tables}
         # A plain round's time over the streams it serves, as measured: a plain token's price.
         self.plain_token: float | None = None
         self._runs: dict[str, int] = {}  # statistics key -> tokens kept in a row since its last rejection

@@ -296,22 +296,20 @@ class PredictionDrafter:
         """Nothing to do now: the next ``offers`` follows the committed tokens."""
 
 
-def with_prediction(drafter: Drafter | None, tokenizer: Tokenizer | None, config: GenerationConfig) -> Drafter | None:
-    """The drafter of one generation: ``drafter`` alone, or, where ``config`` carries a
-    prediction, the prediction wherever the output follows it and ``drafter`` elsewhere (where
-    the output left it, until it finds its place again, and once it is used up). While it
-    follows, the other sources would mostly copy the same text; the user's own word on what
-    comes next is the one to draft and to count."""
-    if config.prediction is None:
+def with_prediction(
+    drafter: Drafter | None, tokenizer: Tokenizer | None, prediction: str | EncodedPrediction | None
+) -> Drafter | None:
+    """The drafter of one generation: ``drafter`` alone, or, with a ``prediction`` (its text,
+    or encoded ahead: ``encode_prediction``), the prediction wherever the output follows it
+    and ``drafter`` elsewhere (where the output left it, until it finds its place again, and
+    once it is used up). While it follows, the other sources would mostly copy the same text;
+    the user's own word on what comes next is the one to draft and to count."""
+    if prediction is None:
         return drafter
     if tokenizer is None:
         raise ValueError("a prediction is text: it needs the target's tokenizer")
-    return _first(PredictionDrafter(tokenizer), drafter)
-
-
-def predicting(drafter: Drafter | None, tokenizer: Tokenizer, prediction: EncodedPrediction) -> Drafter:
-    """``with_prediction`` for a prediction encoded ahead: the drafter of a generation whose
-    config then carries no prediction (a server's, which encodes it at admission)."""
+    if isinstance(prediction, str):
+        prediction = encode_prediction(tokenizer, prediction)
     return _first(PredictionDrafter(tokenizer, prediction), drafter)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from draftwise.config import DraftConfig, DrafterKind, ModelOptions
-from draftwise.costs import calibrate
+from draftwise.costs import calibrate, choose_kernels
 from draftwise.lm import LanguageModel
 from draftwise.loading import load_pair
 from draftwise.profile import CostProfile, read_host
@@ -76,12 +76,15 @@ def prepare(
     pace: bool = False,
     host: CostProfile | None = None,
 ) -> Pair:
-    """Warm up loaded models and, when ``drafting`` uses the cost policy, measure their costs
+    """Choose the target's kernels for prompt pieces where its backend leaves that to timing
+    (``draftwise.costs.choose_kernels``; cached), warm up loaded models and, when ``drafting``
+    uses the cost policy, measure their costs
     for ``slots`` streams batched together (``draftwise.costs``; cached), or take them from
     ``host``, a host profile's (``ModelOptions.costs``), as they stand. ``drafting``
     None: nothing drafts with these models here (a verifier's target); with ``pace``, the
     target's passes are timed all the same where ``slots`` sequences share them, for a
     scheduler to size prompt pieces in time beside the others (a verifier's sessions)."""
+    choose_kernels(target, log or (lambda message: None))  # before any pass: prompt pieces' kernels
     for lm in (target, draft):
         if lm is not None:
             warm_up(lm)

@@ -48,6 +48,7 @@ def create_app(settings: ServerSettings, pair: Pair) -> FastAPI:
     # settings' own, the one ``prepare_pair`` was given.
     slots = build_slots(pair.target, pair.draft, settings.slots, pair.profile)
     pool = SlotPool(slots, settings.queue_size, settings.request_timeout, metrics, settings.pacing)
+    metrics.watch_rounds(pool.scheduler.stats)
     service = Service(settings, pair.target, pair.draft is not None, pool, metrics, slots[0].grammars)
 
     @asynccontextmanager

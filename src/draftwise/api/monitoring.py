@@ -7,6 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from draftwise.events import StepEvent
+from draftwise.scheduler import RoundStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -58,7 +59,21 @@ class ServerMetrics:
         )
         self.queue_depth = Gauge("draftwise_queue_depth", "admitted requests waiting for a slot", registry=r)
         self.active = Gauge("draftwise_active_generations", "generations running on a slot", registry=r)
+        self.round_seconds = Gauge(
+            "draftwise_round_thread_seconds",
+            "the round thread's seconds since start: in passes (passes), or between them in the streams' own "
+            "work, admissions included (between); the rest it waited for work",
+            ["part"],
+            registry=r,
+        )
+        self.rounds = Gauge("draftwise_rounds", "rounds run since start", registry=r)
         self._add_histograms(r)
+
+    def watch_rounds(self, stats: RoundStats) -> None:
+        """Read the scheduler's ``stats`` at each scrape: where the round thread's time went."""
+        self.round_seconds.labels("passes").set_function(lambda: stats.passing)
+        self.round_seconds.labels("between").set_function(lambda: stats.advancing)
+        self.rounds.set_function(lambda: stats.rounds)
 
     def _add_histograms(self, r: CollectorRegistry) -> None:
         self.ttft = Histogram(

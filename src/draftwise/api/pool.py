@@ -25,12 +25,12 @@ from typing import Any, cast
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.config import DrafterName, GenerationConfig, PacingConfig
 from draftwise.drafters import Drafter, build_drafter, text_bridge
-from draftwise.engine import SpeculativeEngine, Steps, grammars_of
+from draftwise.engine import PreparedRun, SpeculativeEngine, grammars_of
 from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
 from draftwise.grammar import Grammars
 from draftwise.lm import LanguageModel, Tokenizer, cached_start
-from draftwise.prediction import EncodedPrediction, encode_prediction, predicting
+from draftwise.prediction import encode_prediction
 from draftwise.profile import CostProfile
 from draftwise.scheduler import Scheduler
 from draftwise.target import LocalTarget
@@ -75,20 +75,33 @@ class Slot:
     # Compiles requests' grammars for the target's vocabulary (one for every slot).
     grammars: Grammars | None = None
 
-    def engine(self, drafter: DrafterName, prediction: EncodedPrediction | None = None) -> SpeculativeEngine:
-        """An engine for one request (``prediction``: its prediction, encoded ahead: a config
-        with none then goes with it)."""
-        chosen = make_drafter(drafter, self.draft, self.target_tokenizer)
-        if prediction is not None:
-            assert self.target.tokenizer is not None  # a server's target has one
-            chosen = predicting(chosen, self.target.tokenizer, prediction)
+    def engine(self, drafter: DrafterName) -> SpeculativeEngine:
+        """An engine for one request."""
         return SpeculativeEngine(
             LocalTarget(self.target),
-            chosen,
+            make_drafter(drafter, self.draft, self.target_tokenizer),
             self.target.tokenizer,
             profile=self.profile,
             grammars=self.grammars,
         )
+
+    def prepare(
+        self,
+        drafter: DrafterName,
+        prompt: Sequence[int],
+        config: GenerationConfig,
+        prediction_ids: Sequence[int] | None = None,
+    ) -> tuple[SpeculativeEngine, PreparedRun]:
+        """A request's engine and its run, prepared (``SpeculativeEngine.prepare``): all that
+        takes time in proportion to its text (its prediction encoded, or its ids where its
+        check read them already, and read back; the drafters' reading of the prompt; the
+        policy's tables; its grammar's constraint) and touches no KV cache. The pool runs it
+        on its setup thread, never in the rounds every stream waits on."""
+        engine = self.engine(drafter)
+        prediction = None
+        if config.prediction is not None and self.target.tokenizer is not None:
+            prediction = encode_prediction(self.target.tokenizer, config.prediction, prediction_ids)
+        return engine, engine.prepare(prompt, config, prediction)
 
 
 def build_slots(
@@ -158,10 +171,9 @@ class SlotPool:
         # holds the longest start of its prompt (``_take``), not the one idle longest.
         self._idle: list[Slot] = list(slots)
         self._free = asyncio.Semaphore(len(slots))
-        self._slots = tuple(slots)
         # What a request needs before its first pass and costs time in proportion to its text
-        # (its prediction, encoded and read back) runs here: not on the event loop, not in the
-        # rounds every stream waits on.
+        # (``Slot.prepare``: its prediction encoded and read back, the drafters' reading of the
+        # prompt) runs here: not on the event loop, not in the rounds every stream waits on.
         self._setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-setup")
         self.scheduler = _paced(Scheduler(pacing=pacing), slots).start()
         self._jobs: set[Job] = set()  # admitted and not done
@@ -233,7 +245,6 @@ class SlotPool:
         check read them already (``check_prediction``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout - (time.perf_counter() - job.arrived)
-        prediction = await self._prediction(config, prediction_ids)  # before taking a slot: encoding holds none
         try:
             await asyncio.wait_for(self._free.acquire(), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
@@ -254,10 +265,20 @@ class SlotPool:
         events: asyncio.Queue[Any] = asyncio.Queue()
         sink = _JobSink(job, self.metrics, loop, events.put_nowait, lambda: self._release(job, slot))
         try:
-            self.scheduler.submit(_generation(slot, drafter, prompt, config, prediction), sink, job.cancel_flag.is_set)
-        except Exception:
+            engine, prepared = await loop.run_in_executor(
+                self._setup, slot.prepare, drafter, prompt, config, prediction_ids
+            )
+        except Exception as exc:  # ends as a failure of its run would: counted, handed to the reader
+            sink.end(None, exc)
+        except BaseException:  # cancelled while it was prepared: the slot goes back
             self._release(job, slot)
             raise
+        else:
+            try:
+                self.scheduler.submit(engine.steps(prepared), sink, job.cancel_flag.is_set)
+            except BaseException:
+                self._release(job, slot)
+                raise
         try:
             while True:
                 try:
@@ -275,39 +296,12 @@ class SlotPool:
             # already ended.
             job.cancel("disconnect")
 
-    async def _prediction(self, config: GenerationConfig, ids: Sequence[int] | None) -> EncodedPrediction | None:
-        """The request's prediction, encoded on the setup thread (its ``ids``, where it was
-        tokenized already, read back there); None without one (or without a tokenizer, which
-        the engine refuses as it always has)."""
-        if config.prediction is None or not self._slots:
-            return None
-        tokenizer = self._slots[0].target.tokenizer
-        if tokenizer is None:
-            return None
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._setup, encode_prediction, tokenizer, config.prediction, ids)
-
     def close(self) -> None:
         """Stop every generation after the round under way."""
         for job in list(self._jobs):
             job.cancel("shutdown")
         self.scheduler.close()
         self._setup.shutdown(wait=False)
-
-
-def _generation(
-    slot: Slot,
-    drafter: DrafterName,
-    prompt: Sequence[int],
-    config: GenerationConfig,
-    prediction: EncodedPrediction | None = None,
-) -> Steps:
-    """A request's generation on ``slot``; set up in the rounds, where a failure to set it
-    up ends it as any failure of its run does. ``prediction``: the config's, encoded ahead;
-    the engine is handed the config without it, so it adds no second one."""
-    if prediction is not None:
-        config = config.model_copy(update={"prediction": None})
-    yield from slot.engine(drafter, prediction).steps(prompt, config)
 
 
 def _paced(scheduler: Scheduler, slots: Sequence[Slot]) -> Scheduler:

@@ -117,6 +117,7 @@ class HFModel:
     """A transformers causal LM plus its KV cache, for a single sequence (batch size 1)."""
 
     last_pass = None  # every forward runs alone (see LanguageModel.last_pass)
+    kernel_timing = None  # torch picks its own kernels (see LanguageModel.kernel_timing)
     batch = None  # (see LanguageModel.batch)
 
     backend = "hf"

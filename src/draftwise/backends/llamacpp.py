@@ -34,11 +34,11 @@ import torch
 
 from draftwise.backends.gguf_tokenizer import GGUFTokenizer
 from draftwise.backends.llamacpp_batch import ROWS, Batcher, Decoder, Request
-from draftwise.backends.llamacpp_kernels import KernelChoice, choose_stock_rows, ggml_switch, keep_layouts
+from draftwise.backends.llamacpp_kernels import KernelChoice, ggml_switch, keep_layouts
 from draftwise.config import Device, ModelOptions
 from draftwise.cpu import default_threads
 from draftwise.errors import ContextLengthError, ModelLoadError, SlotsFullError
-from draftwise.lm import Forward, PassInfo
+from draftwise.lm import Forward, KernelTiming, PassInfo
 from draftwise.registry import derived_path
 
 BATCH = 512  # tokens per llama_decode call of a single sequence; a longer prefill runs in pieces
@@ -287,6 +287,12 @@ class LlamaCppModel:
             f"prompts stock from {library().kernels.stock_rows}"
         )
 
+    @property
+    def kernel_timing(self) -> KernelTiming | None:
+        stat = self.weights.path.stat()
+        key = f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
+        return library().kernels.to_time(key + self.weights.device)
+
     def fork(self) -> LlamaCppModel:
         """A new sequence over the same weights: a free slot of this context, batched with
         the others; nothing is loaded again. ``SlotsFullError`` when every slot is taken: a
@@ -429,14 +435,13 @@ def load_llamacpp(
     seq = batcher.claim()
     assert seq is not None  # a new batcher has every slot free
     model = LlamaCppModel(batcher, seq)
-    kernels = library().kernels
-    if not draft and kernels.timed and kernels.stock_rows is None:
-        choose_stock_rows(model, kernels, log)
     return model
 
 
 def check_kv_memory(weights: LlamaCppWeights, n_ctx: int, slots: int) -> None:
-    """Refuse a context whose KV cache cannot fit in the memory this machine has available."""
+    """Refuse a context whose KV cache cannot fit in the memory this machine has available:
+    read once the weights are loaded, so their repacked matrices and, where the layouts are kept
+    (``KernelChoice.copies``), the file layout beside them are already out of what is left."""
     need = weights.kv_bytes_per_position * n_ctx * slots
     available = _available_memory()
     if available is not None and need > available:

@@ -6,9 +6,10 @@ the file's own layout, are far faster for many rows (a prompt's pieces), and on 
 are not (docs/speed.md#kernels-chosen-by-timing): no one rule fits every host. Draftwise's
 patch 0006 lets ggml keep both layouts (``GgmlSwitch.keep_layouts`` before the first weights
 load) and run a product over at least ``GgmlSwitch.stock_from_rows`` rows on the stock
-kernels. ``choose_stock_rows`` times the target's prompt pieces both ways once per model and
-CPU (cached with the cost policy's curve) and returns the rows from which the stock kernels
-were the faster at every size timed; where they never were, every product stays repacked.
+kernels. The choice is left to timing here (``KernelChoice.to_time``); preparing a pair
+(``draftwise.costs.choose_kernels``) times the target's prompt pieces both ways once per file,
+threads and CPU and sets the rows from which the stock kernels were the faster at every size
+timed; where they never were, and until then, every product stays repacked.
 
 Only a pass of prompt pieces runs the stock kernels (``stock_rows_for``): a pass that scores a
 token a stream emits from a drafted block or a one-token step (every verified block, every
@@ -27,17 +28,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from draftwise.costs import CONTEXT, CostCache, plausible, time_curve
-from draftwise.lm import LanguageModel
-
 STOCK_FROM_ROWS = "GGML_CPU_REPACK_FROM_ROWS"  # the user's say, read by patch 0006 at the first load
-# Prompt pieces timed on each layout, from a prompt's short tail to the pieces of a long one (one
-# row, a one-token step, runs repacked both times: the reference a curve is ``plausible`` by).
-KERNEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 class GgmlSwitch(Protocol):
@@ -83,11 +77,18 @@ def ggml_switch(llama: ctypes.CDLL) -> GgmlSwitch | None:
 class KernelChoice:
     """What this process runs repacked matrices on. ``timed``: draftwise times the target's
     passes to set ``stock_rows`` (None until it has); otherwise ``stock_rows`` is fixed (the
-    user's, or 0: every product repacked)."""
+    user's, or 0: every product repacked). ``copies``: whether repacked matrices keep their
+    file layout too (memory for a second copy of those weights)."""
 
     switch: GgmlSwitch | None = None
     timed: bool = False
     stock_rows: int | None = 0
+    copies: bool = False
+
+    def to_time(self, key: str) -> PromptKernels | None:
+        """The choice as ``draftwise.lm.KernelTiming`` for a target whose file, threads and
+        device ``key`` names, while it is left to timing and not yet made."""
+        return PromptKernels(self, key) if self.timed and self.stock_rows is None else None
 
     def stock_rows_for(self, prompt_only: bool) -> int:
         """The rows from which a pass runs the stock kernels: none unless every sequence in it
@@ -99,11 +100,22 @@ class KernelChoice:
             self.switch.stock_from_rows(self.stock_rows_for(prompt_only))
 
 
+@dataclass(frozen=True)
+class PromptKernels:
+    """``draftwise.lm.KernelTiming`` over this process's ``KernelChoice``."""
+
+    choice: KernelChoice
+    key: str
+
+    def set_stock_rows(self, rows: int) -> None:
+        self.choice.stock_rows = rows
+
+
 def keep_layouts(exact: bool, gpu: bool, switch: GgmlSwitch | None) -> KernelChoice:
     """Before the process's first weights load: who chooses the kernels. With ``exact`` (or on
     the ``gpu``) ggml keeps no copy, whatever this process inherited: ``exact``'s row
     invariance is the repacked kernels'. A value of ``STOCK_FROM_ROWS`` the user set stands.
-    Otherwise ggml keeps both layouts and draftwise times them (``choose_stock_rows``)."""
+    Otherwise ggml keeps both layouts and draftwise times them (``draftwise.costs.choose_kernels``)."""
     if switch is None:
         return KernelChoice()
     if exact or gpu:
@@ -112,45 +124,6 @@ def keep_layouts(exact: bool, gpu: bool, switch: GgmlSwitch | None) -> KernelCho
     user = os.environ.get(STOCK_FROM_ROWS)
     if user is not None:
         rows = user.strip()
-        return KernelChoice(switch, stock_rows=int(rows) if rows.isdigit() else 0)
-    return KernelChoice(switch, timed=switch.keep_layouts(True), stock_rows=None)
-
-
-def crossover(repacked: Mapping[int, float], stock: Mapping[int, float]) -> int:
-    """The fewest rows from which the stock kernels were faster at that size and at every
-    larger one timed; 0 where the largest size was faster repacked.
-
-    >>> crossover({1: 0.037, 16: 0.238, 32: 0.391, 64: 0.706}, {1: 0.051, 16: 0.268, 32: 0.304, 64: 0.517})
-    32
-    >>> crossover({1: 0.030, 64: 0.500}, {1: 0.040, 64: 0.520})
-    0
-    """
-    rows = 0
-    for n in sorted(repacked, reverse=True):
-        if n not in stock or stock[n] >= repacked[n]:
-            break
-        rows = n
-    return rows
-
-
-def choose_stock_rows(target: LanguageModel, choice: KernelChoice, log: Callable[[str], None]) -> int:
-    """Time ``target``'s prompt pieces of ``KERNEL_SIZES`` rows on the repacked kernels and on
-    the stock ones (or read the choice from the cache), set ``choice.stock_rows`` to the
-    ``crossover`` and return it (0 for a context too short to time them in, which keeps every
-    product repacked). Call once, with the layouts kept and no pass under way."""
-    rows = 0
-    if (target.max_context or 0) >= CONTEXT + max(KERNEL_SIZES):
-        cache = CostCache()
-        key = cache.key(target, f"stock rows for prompts {','.join(map(str, KERNEL_SIZES))}")
-        rows = cache.get(key)
-        if rows is None:
-            log(f"timing {target.name}'s prompt pieces on ggml's two kernel layouts (once on this machine; cached)")
-            choice.stock_rows = 0
-            repacked = time_curve(target, KERNEL_SIZES, prompt=True)
-            choice.stock_rows = 1
-            stock = time_curve(target, KERNEL_SIZES, prompt=True)
-            rows = crossover(repacked, stock)
-            if plausible(repacked) and plausible(stock):
-                cache.put(key, rows)
-    choice.stock_rows = int(rows)
-    return choice.stock_rows
+        return KernelChoice(switch, stock_rows=int(rows) if rows.isdigit() else 0, copies=bool(rows))
+    kept = switch.keep_layouts(True)
+    return KernelChoice(switch, timed=kept, stock_rows=None, copies=kept)

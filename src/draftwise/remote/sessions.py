@@ -58,8 +58,6 @@ from draftwise.web import JsonBodyError, check_json_type, read_json_body
 _Q_SUM_SLACK = 1e-3
 
 
-
-
 class VerifierError(DraftwiseError):
     """A request the server refuses: an HTTP status (``status``, this instance's own), a
     message for the client, and a ``code`` where the client acts on the kind of failure
