@@ -38,7 +38,7 @@ def test_serve_help_lists_the_settings():
     [
         (["--target", "tiny:0", "--slots", "0"], 2, "slots"),
         (["--target", "tiny:0", "--workers", "0"], 2, "slots"),  # the old name of --slots
-        (["--target", "tiny:0", "--drafter", "model"], 2, "needs a draft model"),
+        (["--target", "tiny:0", "--drafter", "model"], 2, "--drafter model needs --draft: no draft model is known"),
         (["--target", "tiny:0", "--drafter", "magic"], 2, "drafter"),
         (["--target", "/nonexistent/model.gguf", "--drafter", "ngram"], 2, "no such file"),
     ],

@@ -8,6 +8,7 @@ import pytest
 
 from draftwise import prepare
 from draftwise.config import DraftConfig, GenerationConfig
+from draftwise.errors import ConfigError
 from draftwise.profile import CostProfile
 
 COST = DraftConfig(k_policy="cost", k=2, k_max=3)
@@ -99,3 +100,24 @@ def test_the_bench_prepares_a_calibrated_pair(tmp_path):
     config = BenchConfig(target="tiny:0", draft="tiny:1", out=tmp_path, generation=GenerationConfig(draft=COST))
     pair = load_models(config)
     assert pair.draft is not None and _calibrated(pair.profile, COST.k_max)
+
+
+@pytest.mark.parametrize(
+    ("draft", "drafter", "chosen"),
+    [
+        (None, None, ("qwen2.5-coder-0.5b", "hybrid")),  # the registry's advice
+        (None, "model", ("qwen2.5-coder-0.5b", "model")),  # a model drafter takes the registry's draft
+        (None, "ngram", (None, "ngram")),  # lookup loads no draft
+        (None, "off", (None, "off")),
+        ("smollm2-135m", None, ("smollm2-135m", "hybrid")),  # a named draft is taken
+        ("smollm2-135m", "ngram", ("smollm2-135m", "ngram")),
+    ],
+)
+def test_generate_and_serve_choose_the_draft_and_the_drafter_by_one_rule(draft, drafter, chosen):
+    assert prepare.choose_drafter("qwen2.5-coder-1.5b", draft, drafter) == chosen
+
+
+def test_a_model_drafter_with_no_draft_known_is_one_line():
+    with pytest.raises(ConfigError, match="--drafter model needs --draft: no draft model is known for 'x.gguf'"):
+        prepare.choose_drafter("x.gguf", None, "model")
+    assert prepare.choose_drafter("x.gguf", None, None) == (None, "ngram")

@@ -10,7 +10,7 @@ both models up, and, for the cost policy, measure what drafting costs with them
 skip a step: ``serve --ray`` replicas once ran the cost policy uncalibrated.
 
 ``recommended`` is the registry's advice on which draft model and drafter go with a target,
-for the commands that let it choose.
+and ``choose_drafter`` the one rule by which ``generate`` and ``serve`` take it or the user's.
 
 This sits above ``draftwise.loading`` (and so above the backends) and below every service.
 """
@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from draftwise.config import DraftConfig, DrafterKind, ModelOptions
+from draftwise.config import NEEDS_DRAFT_MODEL, DraftConfig, DrafterKind, DrafterName, ModelOptions
 from draftwise.costs import calibrate, choose_kernels
+from draftwise.errors import ConfigError
 from draftwise.lm import LanguageModel
 from draftwise.loading import load_pair
 from draftwise.profile import CostProfile, read_host
@@ -54,6 +55,24 @@ def recommended(target: str) -> tuple[str | None, DrafterKind]:
     if entry is None or entry.draft in (None, "ngram"):
         return None, "ngram"
     return entry.draft, "hybrid"
+
+
+def choose_drafter(target: str, draft: str | None, drafter: DrafterName | None) -> tuple[str | None, DrafterName]:
+    """(draft model, drafter) from what the user named, the one rule of ``generate`` and
+    ``serve``: a named draft is taken, with the hybrid drafter unless another is named; a
+    drafter that drafts with a model and no draft named takes the registry's draft for
+    ``target`` (``ConfigError`` where none is known); n-gram lookup or none ("off") loads no
+    draft; neither named: the registry's advice (``recommended``)."""
+    if draft is not None:
+        return draft, drafter or "hybrid"
+    advised_draft, advised_drafter = recommended(target)
+    if drafter is None:
+        return advised_draft, advised_drafter
+    if drafter in NEEDS_DRAFT_MODEL:
+        if advised_draft is None:
+            raise ConfigError(f"--drafter {drafter} needs --draft: no draft model is known for {target!r}")
+        return advised_draft, drafter
+    return None, drafter
 
 
 def warm_up(lm: LanguageModel) -> None:

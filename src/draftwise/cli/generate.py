@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import typer
 
@@ -88,23 +88,15 @@ def _read_prompt(prompt: str | None, file: Path | None) -> str:
 
 
 def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tuple[str | None, DrafterKind]:
-    """(draft model source, drafter kind): explicit flags win, else the registry's advice."""
-    from draftwise.prepare import recommended
+    """(draft model source, drafter kind): ``draftwise.prepare.choose_drafter``, over the
+    drafters that draft (``generate`` has no "off": plain decoding is ``--compare``'s)."""
+    from draftwise.prepare import choose_drafter
 
     if drafter is not None and drafter not in DRAFTER_KINDS:
         kinds = ", ".join(f"'{kind}'" for kind in DRAFTER_KINDS[:-1]) + f" or '{DRAFTER_KINDS[-1]}'"
         raise ConfigError(f"--drafter must be {kinds}, got {drafter!r}")
-    kind = drafter  # one of DRAFTER_KINDS, or None
-    if kind == "ngram":
-        return None, "ngram"
-    if draft is not None:
-        return draft, kind or "hybrid"
-    advised_draft, advised_kind = recommended(target)
-    if kind in NEEDS_DRAFT_MODEL:
-        if advised_draft is None:
-            raise ConfigError(f"--drafter {kind} needs --draft: no draft model is known for {target!r}")
-        return advised_draft, kind
-    return advised_draft, advised_kind
+    chosen, kind = choose_drafter(target, draft, cast(DrafterKind | None, drafter))
+    return chosen, cast(DrafterKind, kind)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from draftwise.cli.options import (
     with_model_options,
 )
 from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, PacingConfig
-from draftwise.prepare import recommended
+from draftwise.prepare import choose_drafter
 from draftwise.registry import DEFAULT_TARGET
 from draftwise.scale import API_KEY_ENV, ServeScale
 
@@ -53,7 +53,8 @@ FLAGS = (
         defaults={"target": DEFAULT_TARGET},
         help={
             "drafter": "default drafter of requests: model, ngram, hybrid or off; default: the registry's "
-            "recommendation for the target (model with --draft)",
+            "recommendation for the target (hybrid with --draft); model or hybrid without --draft take the "
+            "registry's draft, as generate does",
         },
         options={"api_key": {"envvar": API_KEY_ENV}},
     ),
@@ -81,8 +82,7 @@ def serve(
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with speculation,
     plus /metrics (Prometheus), /health and /docs; with --ray, as replicas on Ray Serve."""
     server = dict(given[ServerSettings])
-    if server.get("draft") is None and server.get("drafter") is None:
-        server["draft"], server["drafter"] = recommended(server["target"])
+    server["draft"], server["drafter"] = choose_drafter(server["target"], server.get("draft"), server.get("drafter"))
     draft = built(DraftConfig, aliases=ALIASES, **given[DraftConfig])
     generation = built(GenerationConfig, aliases=ALIASES, **given[GenerationConfig], draft=draft)
     pacing = built(PacingConfig, aliases=ALIASES, **given[PacingConfig])
