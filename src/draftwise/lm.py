@@ -182,7 +182,9 @@ class KernelTiming(Protocol):
     docs/speed.md#kernels-chosen-by-timing): what the choice depends on, and where it goes.
     ``draftwise.costs.choose_kernels`` times the pieces both ways and sets it."""
 
-    key: str  # what decides the choice: the weights file, the threads, the device
+    @property
+    def key(self) -> str:
+        """What decides the choice: the weights file, the threads, the device."""
 
     def set_stock_rows(self, rows: int) -> None:
         """Passes of prompt pieces of at least ``rows`` rows run the stock kernels (0: none)."""

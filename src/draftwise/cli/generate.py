@@ -95,7 +95,7 @@ def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tupl
     if drafter is not None and drafter not in DRAFTER_KINDS:
         kinds = ", ".join(f"'{kind}'" for kind in DRAFTER_KINDS[:-1]) + f" or '{DRAFTER_KINDS[-1]}'"
         raise ConfigError(f"--drafter must be {kinds}, got {drafter!r}")
-    chosen, kind = choose_drafter(target, draft, cast(DrafterKind | None, drafter))
+    chosen, kind = choose_drafter(target, draft, drafter)
     return chosen, cast(DrafterKind, kind)
 
 
