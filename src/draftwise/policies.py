@@ -219,8 +219,14 @@ class CostAwareK:
         """Each block length ``offer`` may draft, priced (steps 1 to 3)."""
         others, top = self.others_rows, min(self.longest(offer), remaining - 1)  # the target adds a token
         plain = self.pass_times.at(1) or 0.0
-        draft = self.profile.draft_token_seconds.get(offer.source, offer.cost_hint * plain)
-        catchup = offer.behind * self.profile.catchup_token_seconds.get(offer.source, self.pass_times.row())
+        # A draft token's and a catch-up token's cost until measured: at their dearest when
+        # choosing (``cost_hint``, a whole target pass for a model; a row of the target's
+        # largest measured pass), free when exploring, as an unknown acceptance is taken at its
+        # best: the first block measures them.
+        draft = self._price(self.profile.draft_token_seconds, offer.source, offer.cost_hint * plain, optimistic)
+        catchup = offer.behind * self._price(
+            self.profile.catchup_token_seconds, offer.source, self.pass_times.row(), optimistic
+        )
         expected = self.acceptance(offer.stats_key).expected(max(0, top - offer.sure), optimistic, self.steps)
         arms = []
         for k in range(1, top + 1):
@@ -234,6 +240,12 @@ class CostAwareK:
             rate = (others_tokens + tokens) / spread if spread > 0 else 0.0
             arms.append(Arm(Choice(offer, k), rate, seconds, others_tokens + min(k, offer.sure) + 1, fed))
         return arms
+
+    @staticmethod
+    def _price(measured: dict[str, float], source: str, dearest: float, optimistic: bool) -> float:
+        if source in measured:
+            return measured[source]
+        return 0.0 if optimistic else dearest
 
     def choose(self, offers: Sequence[Offer], remaining: int) -> Choice:
         plain = self.plain()
