@@ -96,13 +96,13 @@ def prepare(
     host: CostProfile | None = None,
 ) -> Pair:
     """Choose the target's kernels for prompt pieces where its backend leaves that to timing
-    (``draftwise.costs.choose_kernels``; cached), warm up loaded models and, when ``drafting``
-    uses the cost policy, measure their costs
-    for ``slots`` streams batched together (``draftwise.costs``; cached), or take them from
-    ``host``, a host profile's (``ModelOptions.costs``), as they stand. ``drafting``
-    None: nothing drafts with these models here (a verifier's target); with ``pace``, the
-    target's passes are timed all the same where ``slots`` sequences share them, for a
-    scheduler to size prompt pieces in time beside the others (a verifier's sessions)."""
+    (``draftwise.costs.choose_kernels``), warm up loaded models and, when ``drafting`` uses the
+    cost policy, measure their costs for ``slots`` streams batched together
+    (``draftwise.costs.calibrate``), or take them as they stand from ``host``, a host profile
+    (``ModelOptions.costs``); both measurements are cached. ``drafting`` None: nothing drafts
+    with these models here (a verifier's target); with ``pace``, the target's passes are timed
+    all the same where ``slots`` sequences share them, for a scheduler to size prompt pieces in
+    time beside the others (a verifier's sessions)."""
     choose_kernels(target, log or (lambda message: None))  # before any pass: prompt pieces' kernels
     for lm in (target, draft):
         if lm is not None:
