@@ -221,6 +221,11 @@ class CostProfile:
         that host's gains and losses, not this machine's."""
         if not self.fixed:
             return outcome.draft_seconds, outcome.catchup_seconds, outcome.verify_seconds
+        return self.price(outcome)
+
+    def price(self, outcome: Outcome) -> tuple[float, float, float]:
+        """(drafting, catching up, verifying) of a step on this profile's costs: its drafted and
+        catch-up tokens at their sources' prices (0 where none is known), its pass off the curve."""
         source = outcome.choice.source or ""
         rows = outcome.pass_info.rows if outcome.pass_info is not None else outcome.own_rows
         return (

@@ -186,11 +186,10 @@ def replay(rec: Recording, policy: DraftPolicy, host: CostProfile, sources: Iter
         block = here.blocks.get(choice.source or "", ())[: choice.k]
         kept = _kept(block, rec.continuation[i : i + len(block)])
         passes = choice.offer is not None and choice.offer.passes and bool(block)
-        catchup = behind * host.catchup_token_seconds.get(choice.source or "", 0.0) if passes else 0.0
-        catchup = catchup if behind > ModelDrafter.CATCHUP else 0.0  # a few ride in the first draft pass
-        draft = len(block) * host.draft_token_seconds.get(choice.source or "", 0.0)
-        verify = host.pass_times.at(len(block) + 1) or 0.0
-        policy.update(Outcome(choice, len(block), kept, draft, verify, catchup, behind if catchup else 0))
+        fed = behind if passes and behind > ModelDrafter.CATCHUP else 0  # a few ride in the first draft pass
+        draft, catchup, verify = host.price(Outcome(choice, len(block), kept, 0.0, 0.0, catchup_tokens=fed))
+        fed = fed if catchup else 0
+        policy.update(Outcome(choice, len(block), kept, draft, verify, catchup, fed))
         emitted = min(kept + 1, total - i)
         seconds, steps, i = seconds + catchup + draft + verify, steps + 1, i + emitted
         behind = 0 if passes else behind + emitted
