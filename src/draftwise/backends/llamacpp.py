@@ -280,18 +280,19 @@ class LlamaCppModel:
 
     @property
     def fingerprint(self) -> str:
-        stat = self.weights.path.stat()
         return (
-            f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
-            f"{self.n_ctx} positions|exact {library().exact}|{self.weights.device}|"
+            f"{self._weights_key()}|{self.n_ctx} positions|exact {library().exact}|{self.weights.device}|"
             f"prompts stock from {library().kernels.stock_rows}"
         )
 
+    def _weights_key(self) -> str:
+        """The weights file (its place, size and time) and the threads that run it."""
+        stat = self.weights.path.stat()
+        return f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads"
+
     @property
     def kernel_timing(self) -> KernelTiming | None:
-        stat = self.weights.path.stat()
-        key = f"llamacpp|{self.weights.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.threads} threads|"
-        return library().kernels.to_time(key + self.weights.device)
+        return library().kernels.to_time(f"{self._weights_key()}|{self.weights.device}")
 
     def fork(self) -> LlamaCppModel:
         """A new sequence over the same weights: a free slot of this context, batched with

@@ -96,7 +96,8 @@ def _choose_drafter(target: str, draft: str | None, drafter: str | None) -> tupl
         kinds = ", ".join(f"'{kind}'" for kind in DRAFTER_KINDS[:-1]) + f" or '{DRAFTER_KINDS[-1]}'"
         raise ConfigError(f"--drafter must be {kinds}, got {drafter!r}")
     chosen, kind = choose_drafter(target, draft, drafter)
-    return chosen, cast(DrafterKind, kind)
+    # One drafter a run: a draft named beside n-gram lookup would never draft, and is not loaded.
+    return (chosen if kind in NEEDS_DRAFT_MODEL else None), cast(DrafterKind, kind)
 
 
 @dataclass
@@ -163,7 +164,6 @@ def _remote_target_tokenizer(
 def _load(
     target: str,
     draft: str | None,
-    drafter: DrafterKind,
     remote: RemoteTarget | None,
     models: ModelOptions,
     config: GenerationConfig,
@@ -177,7 +177,7 @@ def _load(
         return _load_for_remote(target, draft, remote, models, console)
     log = console.print
     with console.status(f"loading {target}" + (f" and draft {draft}" if draft else "")):
-        pair = prepare_pair(target, draft if drafter in NEEDS_DRAFT_MODEL else None, models, config.draft, log=log)
+        pair = prepare_pair(target, draft, models, config.draft, log=log)
     return _Models(pair.target, pair.draft, _tokenizer_of(pair.target, target), pair.profile)
 
 
@@ -317,7 +317,7 @@ def _generate(
     from draftwise.engine import autoregressive
 
     err, out = Console(stderr=True), Console(highlight=False)
-    loaded = _load(target, draft, drafter, remote, models, config, err)
+    loaded = _load(target, draft, remote, models, config, err)
     ids = encode_prompt(loaded.tokenizer, text, chat)
     engine = _engine(loaded, drafter, remote)
     label = (
