@@ -53,9 +53,16 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("draftwise.offers", "draftwise.profile", "draftwise.policies"), ("draftwise.constraint", "draftwise.grammar")),
     # the drafters: the protocol every proposer speaks; model drafters (by ids or text), n-grams
     (("draftwise.drafters",),),
-    # what stands on the drafters, each apart: predicted outputs, drafting under a grammar, the
-    # target side, and the measured cost of drafting (for the cost policy)
-    (("draftwise.prediction",), ("draftwise.constrained",), ("draftwise.target",), ("draftwise.costs",)),
+    # what stands on the drafters, each apart: predicted outputs, earlier outputs (suffix),
+    # drafting under a grammar, the target side, and the measured cost of drafting (for the
+    # cost policy)
+    (
+        ("draftwise.prediction",),
+        ("draftwise.suffix",),
+        ("draftwise.constrained",),
+        ("draftwise.target",),
+        ("draftwise.costs",),
+    ),
     # the decode loop of one generation, and the scheduler that runs many streams' passes in
     # rounds (it runs the engine's steps without importing the engine), with its pacing of
     # long prompts beside them

@@ -253,7 +253,8 @@ def test_concurrency_and_server_lists_are_parsed_or_refused_in_one_line():
             parse_concurrency(bad)
     assert parse_servers("llama-server,draftwise,draftwise") == ("llama-server", "draftwise")
     with pytest.raises(
-        LoadError, match="unknown server vllm; choose from draftwise, draftwise-noprediction, draftwise-off, llama"
+        LoadError,
+        match="unknown server vllm; choose from draftwise, draftwise-noprediction, draftwise-off, draftwise-nosuffix, llama",
     ):
         parse_servers("draftwise,vllm")
 

@@ -228,6 +228,67 @@ class PacingConfig(_Strict):
     )
 
 
+SuffixScope = Literal["none", "key", "global"]
+
+
+class SuffixConfig(_Strict):
+    """Drafting from what the server wrote for earlier requests (``draftwise.suffix``): whose
+    outputs a request may draft from, how much is kept, and how a match is looked up."""
+
+    scope: SuffixScope = Field(
+        "key",
+        description="whose earlier outputs a request drafts from: none (only its own prompt and prediction); key "
+        "(requests sending the same API key, and every request without one, share); global (every request)",
+    )
+    cap_tokens: int = Field(
+        131_072,
+        ge=0,
+        le=16_777_216,
+        description="most tokens the server keeps of earlier outputs, across scopes; the oldest output goes "
+        "first; 0 = none kept",
+    )
+    cache: Path | None = Field(
+        None, description="file keeping the earlier outputs across restarts (written at shutdown, read at start)"
+    )
+    prompts: bool = Field(False, description="keep requests' prompts too, not only their outputs")
+    lead_tokens: int = Field(
+        16,
+        ge=0,
+        le=MAX_BLOCK,
+        description="prompt tokens kept before each output, so that an answer's opening is found from the end "
+        "of a prompt like its own (a chat template's assistant header, an instruction's last words)",
+    )
+    min_match: int = Field(
+        2, ge=1, le=MAX_BLOCK, description="shortest suffix of the context looked up among earlier outputs"
+    )
+    max_match: int = Field(
+        32,
+        ge=1,
+        le=MAX_BLOCK,
+        description="longest suffix looked up: lengths from min_match doubling up to this one are indexed",
+    )
+    occurrences: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description="latest occurrences kept of each suffix: the continuation drafted is the one most of them share",
+    )
+
+    @model_validator(mode="after")
+    def _check_match(self) -> SuffixConfig:
+        if self.min_match > self.max_match:
+            raise ValueError(f"min_match ({self.min_match}) must not exceed max_match ({self.max_match})")
+        return self
+
+    @property
+    def orders(self) -> tuple[int, ...]:
+        """The suffix lengths indexed, shortest first: min_match doubling, and max_match."""
+        found = [self.min_match]
+        while found[-1] * 2 < self.max_match:
+            found.append(found[-1] * 2)
+        return tuple(sorted({*found, self.max_match}))
+
+
 class DraftConfig(_Strict):
     """How much to draft per step and when the drafter stops early."""
 

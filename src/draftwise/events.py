@@ -18,6 +18,7 @@ NO_TOKEN = -1
 MODEL = "model"  # a draft model (``draftwise.drafters.ModelDrafter``)
 NGRAM = "ngram"  # lookup in the context (``draftwise.drafters.NGramDrafter``)
 PREDICTION = "prediction"  # a request's predicted output (``draftwise.prediction``)
+SUFFIX = "suffix"  # what the server wrote for earlier requests (``draftwise.suffix``)
 GRAMMAR = "grammar"  # a grammar's forced text (``draftwise.grammar``): a block may start with it
 FORCED = GRAMMAR
 

@@ -30,15 +30,17 @@ from draftwise.api.shapes import ChatShape, CompletionShape
 from draftwise.api.translate import encode_chat, encode_completion
 from draftwise.errors import ModelLoadError
 from draftwise.prepare import Pair
+from draftwise.suffix import SuffixStore, vocabulary_digest
 from draftwise.web import error_responses
 
 
-def create_app(settings: ServerSettings, pair: Pair) -> FastAPI:
+def create_app(settings: ServerSettings, pair: Pair, log: Callable[[str], None] = lambda line: None) -> FastAPI:
     """Build the server's web parts over a pair prepared for it (``draftwise.prepare``: loaded
     with ``settings.slots`` slots, warmed up, its costs measured for the cost policy); nothing
     is loaded here. The app takes the pair's models: the first of the ``settings.slots``
     slots runs on them, each other one on forks of them (shared weights, KV caches of their
-    own). A caller that goes on using its models hands over ``pair.fork()``."""
+    own). A caller that goes on using its models hands over ``pair.fork()``. ``log`` hears
+    what the server's start and end say in a line (a suffix cache it could not read)."""
     from draftwise import __version__
 
     if pair.target.tokenizer is None:
@@ -46,9 +48,16 @@ def create_app(settings: ServerSettings, pair: Pair) -> FastAPI:
     metrics = ServerMetrics()
     # A ``Pair`` does not say how many slots its models were loaded for, so the count is the
     # settings' own, the one ``prepare_pair`` was given.
-    slots = build_slots(pair.target, pair.draft, settings.slots, pair.profile)
+    suffix, vocabulary = SuffixStore(settings.suffix), vocabulary_digest(pair.target.tokenizer)
+    cache = settings.suffix.cache
+    if cache is not None:
+        problem = suffix.load(cache, vocabulary)
+        if problem is not None:
+            log(problem)
+    slots = build_slots(pair.target, pair.draft, settings.slots, pair.profile, suffix)
     pool = SlotPool(slots, settings.queue_size, settings.request_timeout, metrics, settings.pacing)
     metrics.watch_rounds(pool.scheduler.stats)
+    metrics.watch_suffix(suffix)
     service = Service(settings, pair.target, pair.draft is not None, pool, metrics, slots[0].grammars)
 
     @asynccontextmanager
@@ -56,6 +65,11 @@ def create_app(settings: ServerSettings, pair: Pair) -> FastAPI:
         yield
         pool.close()
         service.text_work.shutdown(wait=False, cancel_futures=True)
+        if cache is not None:
+            try:
+                suffix.save(cache, vocabulary)
+            except OSError as exc:
+                log(f"suffix cache {cache} not written: {exc}")
 
     app = FastAPI(
         title="draftwise",

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from draftwise.events import StepEvent
 from draftwise.scheduler import RoundStats
+from draftwise.suffix import SuffixStore
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -67,7 +68,24 @@ class ServerMetrics:
             registry=r,
         )
         self.rounds = Gauge("draftwise_rounds", "rounds run since start", registry=r)
+        self.drafted = Counter(
+            "draftwise_draft_tokens_by_source",
+            "draft tokens by source (model, ngram, suffix, prediction, grammar) and whether the target kept them",
+            ["source", "kept"],
+            registry=r,
+        )
+        self.suffix_tokens = Gauge(
+            "draftwise_suffix_tokens", "tokens kept of earlier outputs to draft from (draftwise.suffix)", registry=r
+        )
+        self.suffix_outputs = Gauge("draftwise_suffix_outputs", "earlier outputs kept to draft from", registry=r)
+        self.suffix_cap = Gauge("draftwise_suffix_cap_tokens", "most tokens of earlier outputs kept", registry=r)
         self._add_histograms(r)
+
+    def watch_suffix(self, store: SuffixStore) -> None:
+        """Read the suffix store's size at each scrape."""
+        self.suffix_tokens.set_function(lambda: store.size)
+        self.suffix_outputs.set_function(lambda: store.documents)
+        self.suffix_cap.set(store.config.cap_tokens)
 
     def watch_rounds(self, stats: RoundStats) -> None:
         """Read the scheduler's ``stats`` at each scrape: where the round thread's time went."""
@@ -113,6 +131,9 @@ class ServerMetrics:
         self.tokens.inc(len(event.tokens))
         self.proposed.inc(len(event.proposed))
         self.accepted.inc(event.n_accepted)
+        for source, proposed, kept in event.drafted_by():
+            self.drafted.labels(source, "yes").inc(kept)
+            self.drafted.labels(source, "no").inc(proposed - kept)
         for i in range(len(event.proposed)):
             self.proposed_at.labels(str(i)).inc()
             if i < event.n_accepted:

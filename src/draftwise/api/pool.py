@@ -24,7 +24,7 @@ from typing import Any, cast
 
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.config import DrafterName, GenerationConfig, PacingConfig
-from draftwise.drafters import Drafter, build_drafter, text_bridge
+from draftwise.drafters import Drafter, Sources, build_drafter, text_bridge
 from draftwise.engine import PreparedRun, SpeculativeEngine, grammars_of
 from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
@@ -33,6 +33,7 @@ from draftwise.lm import LanguageModel, Tokenizer, cached_start
 from draftwise.prediction import encode_prediction
 from draftwise.profile import CostProfile
 from draftwise.scheduler import Scheduler
+from draftwise.suffix import SuffixStore
 from draftwise.target import LocalTarget
 
 
@@ -74,12 +75,18 @@ class Slot:
     target_tokenizer: Tokenizer | None = None
     # Compiles requests' grammars for the target's vocabulary (one for every slot).
     grammars: Grammars | None = None
+    # What the server wrote for earlier requests, by scope (one for every slot); None: kept nowhere.
+    suffix: SuffixStore | None = None
 
-    def engine(self, drafter: DrafterName) -> SpeculativeEngine:
-        """An engine for one request."""
+    def engine(self, drafter: DrafterName, scope: str | None = None) -> SpeculativeEngine:
+        """An engine for one request; ``scope``: whose earlier outputs it may draft from
+        (``SuffixStore.scope``), None for none. A request decoding plainly drafts from nothing."""
+        drafting = make_drafter(drafter, self.draft, self.target_tokenizer)
+        if drafting is not None and scope is not None and self.suffix is not None:
+            drafting = Sources((drafting, self.suffix.drafter(scope)))
         return SpeculativeEngine(
             LocalTarget(self.target),
-            make_drafter(drafter, self.draft, self.target_tokenizer),
+            drafting,
             self.target.tokenizer,
             profile=self.profile,
             grammars=self.grammars,
@@ -91,13 +98,14 @@ class Slot:
         prompt: Sequence[int],
         config: GenerationConfig,
         prediction_ids: Sequence[int] | None = None,
+        scope: str | None = None,
     ) -> tuple[SpeculativeEngine, PreparedRun]:
         """A request's engine and its run, prepared (``SpeculativeEngine.prepare``): all that
         takes time in proportion to its text (its prediction encoded, or its ids where its
         check read them already, and read back; the drafters' reading of the prompt; the
         policy's tables; its grammar's constraint) and touches no KV cache. The pool runs it
         on its setup thread, never in the rounds every stream waits on."""
-        engine = self.engine(drafter)
+        engine = self.engine(drafter, scope)
         prediction = None
         if config.prediction is not None and self.target.tokenizer is not None:
             prediction = encode_prediction(self.target.tokenizer, config.prediction, prediction_ids)
@@ -109,11 +117,13 @@ def build_slots(
     draft: LanguageModel | None,
     count: int,
     profile: CostProfile | None = None,
+    suffix: SuffixStore | None = None,
 ) -> list[Slot]:
     """``count`` slots over the weights of ``target`` and ``draft``: the first takes the
     given models themselves, the others forks of them, so a model loaded with N slots serves
     N slots (``load_pair``; on llama.cpp a fork past the slots is refused). A caller that
-    keeps using its models hands over forks. They share one copy of ``profile``."""
+    keeps using its models hands over forks. They share one copy of ``profile``, and
+    ``suffix``."""
 
     def fork(lm: LanguageModel | None, i: int) -> LanguageModel | None:
         return lm if lm is None or i == 0 else lm.fork()
@@ -122,7 +132,7 @@ def build_slots(
     grammars = grammars_of(target)
     shared = copy.deepcopy(profile) if profile is not None else CostProfile()
     return [
-        Slot(cast(LanguageModel, fork(target, i)), fork(draft, i), shared, target_tokenizer, grammars)
+        Slot(cast(LanguageModel, fork(target, i)), fork(draft, i), shared, target_tokenizer, grammars, suffix)
         for i in range(count)
     ]
 
@@ -164,6 +174,8 @@ class SlotPool:
         pacing: PacingConfig = PacingConfig(),
     ) -> None:
         self.size = len(slots)
+        # What the slots keep of earlier outputs to draft from (one store for all of them).
+        self.suffix = slots[0].suffix if slots else None
         self.queue_size = queue_size
         self.timeout = timeout
         self.metrics = metrics
@@ -238,11 +250,13 @@ class SlotPool:
         drafter: DrafterName,
         cache_prompt: bool = True,
         prediction_ids: Sequence[int] | None = None,
+        scope: str | None = None,
     ) -> AsyncIterator[StepEvent]:
         """Wait for a slot, generate on it in the scheduler's rounds, and yield its step
         events. With ``cache_prompt``, the slot keeps what its target still holds of the
         prompt's start. ``prediction_ids``: the config's prediction's ids where the request's
-        check read them already (``check_prediction``)."""
+        check read them already (``check_prediction``). ``scope``: whose earlier outputs it
+        drafts from, and where its own goes once it has finished (``SuffixStore``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout - (time.perf_counter() - job.arrived)
         try:
@@ -264,9 +278,11 @@ class SlotPool:
         self.metrics.cached_prompt_tokens.inc(job.cached_tokens)
         events: asyncio.Queue[Any] = asyncio.Queue()
         sink = _JobSink(job, self.metrics, loop, events.put_nowait, lambda: self._release(job, slot))
+        if scope is not None and slot.suffix is not None:
+            sink.finished_output = self._keeper(slot.suffix, scope, prompt)
         try:
             engine, prepared = await loop.run_in_executor(
-                self._setup, slot.prepare, drafter, prompt, config, prediction_ids
+                self._setup, slot.prepare, drafter, prompt, config, prediction_ids, scope
             )
         except Exception as exc:  # ends as a failure of its run would: counted, handed to the reader
             sink.end(None, exc)
@@ -295,6 +311,17 @@ class SlotPool:
             # Reached on normal completion too, where it changes nothing: the stream has
             # already ended.
             job.cancel("disconnect")
+
+    def _keeper(self, store: SuffixStore, scope: str, prompt: Sequence[int]) -> Callable[[list[int]], None]:
+        """What keeps a finished output in ``store``: on the setup thread, off the rounds."""
+
+        def keep(output: list[int]) -> None:
+            try:
+                self._setup.submit(store.add, scope, prompt, output)
+            except RuntimeError:  # shut down: the server is closing
+                pass
+
+        return keep
 
     def close(self) -> None:
         """Stop every generation after the round under way."""
@@ -331,6 +358,9 @@ class _JobSink:
         self.job, self.metrics, self.loop, self.put, self.release = job, metrics, loop, put, release
         self.first = True
         self.finished = False
+        # Handed the whole output of a run that finished (not cancelled, not failed).
+        self.finished_output: Callable[[list[int]], None] | None = None
+        self._output: list[int] = []
 
     def _soon(self, fn: Callable[..., None], *args: Any) -> None:
         """``fn(*args)`` on the event loop."""
@@ -344,6 +374,10 @@ class _JobSink:
         self.metrics.observe_step(event, time.perf_counter() - self.job.arrived if self.first else None)
         self.first = False
         self.finished = event.finished
+        if self.finished_output is not None:
+            self._output.extend(event.tokens)
+            if event.finish_reason == "error":  # the target went away mid-answer: not an output to keep
+                self.finished_output = None
         if event.finished:
             self.metrics.generations.labels(event.finish_reason or "stop").inc()
         self._soon(self.put, event)
@@ -356,5 +390,7 @@ class _JobSink:
             reason = self.job.cancel_reason or "disconnect"
             self.metrics.cancelled.labels(reason).inc()
             self.metrics.generations.labels(reason).inc()
+        elif self.finished_output is not None:
+            self.finished_output(self._output)
         self._soon(self.put, _END)
         self._soon(self.release)

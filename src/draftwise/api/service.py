@@ -133,6 +133,13 @@ class Service:
             message = f"this model's maximum context length is {limit} tokens, and {exc}"
             raise context_exceeded(request, message) from exc
 
+    def suffix_scope(self, http: Request) -> str | None:
+        """Whose earlier outputs a request drafts from (``--suffix-scope``): by the API key it
+        sends as ``Authorization: Bearer KEY``, whether or not the server checks keys."""
+        scheme, _, key = http.headers.get("authorization", "").partition(" ")
+        store = self.pool.suffix
+        return store.scope(key.strip() or None if scheme.lower() == "bearer" else None) if store else None
+
     def check_model(self, name: str) -> None:
         if name != self.settings.served_model:
             raise APIError(
@@ -164,6 +171,7 @@ class Service:
             request_plan.drafter,
             request_plan.cache_prompt,
             prediction_ids=encoded.prediction,
+            scope=self.suffix_scope(http),
         )
         transcript = Transcript(request_plan, self.tokenizer, job)
         rid = f"{shape.id_prefix}-{uuid.uuid4().hex}"

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from draftwise.config import NEEDS_DRAFT_MODEL, DrafterName, GenerationConfig, ModelOptions, PacingConfig
+from draftwise.config import (
+    NEEDS_DRAFT_MODEL,
+    DrafterName,
+    GenerationConfig,
+    ModelOptions,
+    PacingConfig,
+    SuffixConfig,
+)
 from draftwise.scale import ServeScale
 
 
@@ -56,6 +63,9 @@ class ServerSettings(BaseModel):
     )
     pacing: PacingConfig = Field(
         PacingConfig(), description="how a long prompt goes in pieces beside the streams that are generating"
+    )
+    suffix: SuffixConfig = Field(
+        SuffixConfig(), description="drafting from what the server wrote for earlier requests, and whose"
     )
     ray: ServeScale | None = Field(
         None,

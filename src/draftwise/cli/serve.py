@@ -22,7 +22,7 @@ from draftwise.cli.options import (
     with_flags,
     with_model_options,
 )
-from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, PacingConfig
+from draftwise.config import DraftConfig, GenerationConfig, ModelOptions, PacingConfig, SuffixConfig
 from draftwise.prepare import choose_drafter
 from draftwise.registry import DEFAULT_TARGET
 from draftwise.scale import API_KEY_ENV, ServeScale
@@ -66,6 +66,11 @@ FLAGS = (
     ),
     Flags(DraftConfig, include=("k_policy", "k")),
     Flags(PacingConfig, include=("piece_seconds",)),
+    Flags(
+        SuffixConfig,
+        include=("scope", "cap_tokens", "cache"),
+        aliases={"scope": "suffix_scope", "cap_tokens": "suffix_cap", "cache": "suffix_cache"},
+    ),
 )
 ALIASES = aliases_of(*FLAGS)
 
@@ -86,8 +91,16 @@ def serve(
     draft = built(DraftConfig, aliases=ALIASES, **given[DraftConfig])
     generation = built(GenerationConfig, aliases=ALIASES, **given[GenerationConfig], draft=draft)
     pacing = built(PacingConfig, aliases=ALIASES, **given[PacingConfig])
+    suffix = built(SuffixConfig, aliases=ALIASES, **given[SuffixConfig])
     settings = built(
-        ServerSettings, aliases=ALIASES, **server, models=models, ray=ray, generation=generation, pacing=pacing
+        ServerSettings,
+        aliases=ALIASES,
+        **server,
+        models=models,
+        ray=ray,
+        generation=generation,
+        pacing=pacing,
+        suffix=suffix,
     )
     warn_if_exposed(settings.host, settings.api_key)
     if settings.ray is not None:
@@ -114,7 +127,7 @@ def _serve_here(settings: ServerSettings) -> None:
     pair = prepare_pair(
         settings.target, settings.draft, settings.models, settings.generation.draft, slots=settings.slots, log=note
     )
-    server = create_app(settings, pair)
+    server = create_app(settings, pair, log=note)
     note(
         f"serving {settings.served_model} (drafter: {settings.default_drafter}) on "
         f"http://{settings.host}:{settings.port}  (docs: /docs, metrics: /metrics)"

@@ -25,6 +25,7 @@ ServerName = Literal[
     "draftwise",
     "draftwise-noprediction",
     "draftwise-off",
+    "draftwise-nosuffix",
     "llama-server",
     "llama-server-spec",
     "llama-server-ngram-simple",
@@ -32,8 +33,11 @@ ServerName = Literal[
 ]
 SERVERS: tuple[ServerName, ...] = get_args(ServerName)
 DEFAULT_SERVERS: tuple[ServerName, ...] = ("draftwise", "llama-server", "llama-server-spec")
-# draftwise-off: the same server decoding plainly (--drafter off), the baseline drafting must beat.
-DRAFTWISE_SERVERS: frozenset[str] = frozenset({"draftwise", "draftwise-noprediction", "draftwise-off"})
+# draftwise-off: the same server decoding plainly (--drafter off), the baseline drafting must beat;
+# draftwise-nosuffix: the same server drafting from nothing earlier requests wrote (--suffix-scope none).
+DRAFTWISE_SERVERS: frozenset[str] = frozenset(
+    {"draftwise", "draftwise-noprediction", "draftwise-off", "draftwise-nosuffix"}
+)
 LLAMA_SERVERS: frozenset[str] = frozenset(
     {"llama-server", "llama-server-spec", "llama-server-ngram-simple", "llama-server-ngram-mod"}
 )

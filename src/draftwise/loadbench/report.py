@@ -12,7 +12,7 @@ from typing import Any
 
 from draftwise.bench.audit import NEAR_TIE
 from draftwise.cpu import kernel_flags
-from draftwise.loadbench.config import LoadConfig, sends_prediction
+from draftwise.loadbench.config import DRAFTWISE_SERVERS, LLAMA_SERVERS, LoadConfig, sends_prediction
 from draftwise.loadbench.prompts import LoadPrompt
 
 CONFIG = "config.json"
@@ -112,6 +112,30 @@ def ratio_table(ratios: Sequence[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {r['concurrency']} | {_fmt(r['draftwise_tok_s'], '.1f')} | {r['best'] or 'n/a'} "
             f"| {_fmt(r['best_tok_s'], '.1f')} | {_fmt(r['ratio'], '.2f')}{'x' if r['ratio'] is not None else ''} |"
+        )
+    return lines
+
+
+def turn_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Each server's requests by their place in their subtask's sequence, and draftwise's
+    over draftwise-off and over the best llama-server at the same place and concurrency."""
+    if not rows:
+        return []
+    at = {(r["concurrency"], r["turn"], r["server"]): r for r in rows}
+    lines = [
+        "| server | C | turn | requests | tok/s (latency) | decode tok/s | / draftwise-off | / best llama-server |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        same = [v for (c, t, _), v in at.items() if (c, t) == (r["concurrency"], r["turn"])]
+        off = at.get((r["concurrency"], r["turn"], "draftwise-off"), {}).get("tok_s")
+        llama = [v["tok_s"] for v in same if v["server"] in LLAMA_SERVERS and v["tok_s"]]
+        mine = r["tok_s"]
+        over_off = f"{mine / off:.2f}x" if mine and off and r["server"] != "draftwise-off" else ""
+        over_llama = f"{mine / max(llama):.2f}x" if mine and llama and r["server"] in DRAFTWISE_SERVERS else ""
+        lines.append(
+            f"| {r['server']} | {r['concurrency']} | {r['turn']} | {r['requests']} | {_fmt(r['tok_s'], '.1f')} "
+            f"| {_fmt(r['decode_tok_s'], '.1f')} | {over_off} | {over_llama} |"
         )
     return lines
 
@@ -221,6 +245,10 @@ def write_report(
         "## draftwise against the best llama-server configuration",
         "",
         *ratio_table(summary["against_llama"]),
+        "",
+        "## By turn: each request's place among its subtask's, in the order sent",
+        "",
+        *turn_table(summary.get("by_turn", [])),
         "",
         "## Answers that differ from the same request alone",
         "",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,16 @@ from draftwise.loadbench.servers import (
     served_model,
     server_for,
 )
-from draftwise.loadbench.stats import Run, RunKey, against_llama, alone_texts, finished_runs, mismatches, summarize
+from draftwise.loadbench.stats import (
+    Run,
+    RunKey,
+    against_llama,
+    alone_texts,
+    by_turn,
+    finished_runs,
+    mismatches,
+    summarize,
+)
 
 RESULTS = "results.jsonl"
 LOGS = "logs"
@@ -182,7 +191,14 @@ class LoadBench:
 
             audits = audit(lm, self.prompts, found) if found else []
         commands = [(key[0], key[1], runs[key].record["command"]) for key in ordered]
-        return {"rows": rows, "against_llama": against_llama(rows), "mismatches": audits, "commands": commands}
+        turns = by_turn({key: runs[key] for key in ordered}, turns_of(self.prompts), count)
+        return {
+            "rows": rows,
+            "against_llama": against_llama(rows),
+            "by_turn": turns,
+            "mismatches": audits,
+            "commands": commands,
+        }
 
     def _tokenizer(self, needed: bool) -> Any:
         """The target's tokenizer (its vocabulary only), to count the text of answers: always
@@ -200,6 +216,16 @@ class LoadBench:
         self.log(f"loading {self.config.target} here to score the answers that differ from alone")
         options = self.config.models.model_copy(update={"threads": self.config.threads, "context": self.config.context})
         return load_lm(self.config.target, options)
+
+
+def turns_of(prompts: Sequence[LoadPrompt]) -> dict[str, int]:
+    """Each prompt's place (1-based) among its subtask's, in the order they are sent."""
+    seen: dict[str, int] = {}
+    found = {}
+    for prompt in prompts:
+        seen[prompt.subtask] = seen.get(prompt.subtask, 0) + 1
+        found[prompt.id] = seen[prompt.subtask]
+    return found
 
 
 def run_load(config: LoadConfig, command: str, progress: Any = None, log: Log = lambda line: None) -> Path:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftwise.api.settings import ServerSettings
+from draftwise.config import SuffixConfig
 from draftwise.loadbench.config import DRAFTWISE_SERVERS, LLAMA_SERVERS, NONE, LoadConfig, LoadError
 
 HOST = "127.0.0.1"
@@ -84,9 +85,11 @@ def llama_server_binary(config: LoadConfig) -> Path:
 def draftwise_settings(config: LoadConfig, slots: int, name: str = "draftwise") -> ServerSettings:
     """``draftwise serve``'s settings with ``slots`` slots, the run's models, threads and context
     (``name``: draftwise; draftwise-noprediction, the same server whose clients send no
-    prediction; or draftwise-off, the same server decoding plainly). A started server gets them
-    as flags (``draftwise_server``), an in-process one as they are."""
+    prediction; draftwise-off, the same server decoding plainly; or draftwise-nosuffix, the
+    same server drafting from nothing earlier requests wrote). A started server gets them as
+    flags (``draftwise_server``), an in-process one as they are."""
     drafter = "off" if name == "draftwise-off" else config.drafter
+    suffix = SuffixConfig(scope="none") if name == "draftwise-nosuffix" else SuffixConfig()
     return ServerSettings(
         target=config.target,
         draft=config.draft_model,
@@ -95,6 +98,7 @@ def draftwise_settings(config: LoadConfig, slots: int, name: str = "draftwise") 
         queue_size=slots,
         request_timeout=config.request_timeout,
         models=config.models.model_copy(update={"threads": config.threads, "context": config.context}),
+        suffix=suffix,
     )
 
 
@@ -109,6 +113,8 @@ def draftwise_server(config: LoadConfig, slots: int, name: str = "draftwise") ->
         argv += ["--draft", settings.draft]
     if settings.drafter is not None:
         argv += ["--drafter", settings.drafter]
+    if settings.suffix.scope != SuffixConfig().scope:
+        argv += ["--suffix-scope", settings.suffix.scope]
     for field, value in models.model_dump(exclude_defaults=True, exclude={"threads", "context"}).items():
         # `draftwise serve` spells every ModelOptions field as its flag, without an alias (a test
         # checks these against serve's flags); spelt here so this layer does not import the CLI.

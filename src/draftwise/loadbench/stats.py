@@ -211,3 +211,38 @@ def against_llama(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             {"concurrency": level, "draftwise_tok_s": mine, "best": best, "best_tok_s": best_tok_s, "ratio": ratio}
         )
     return out
+
+
+# Requests by their place among their subtask's, in the order sent: the first of a sequence
+# cannot draft from earlier answers, later ones can (``draftwise.suffix``).
+TURNS = ("1", "2", "3+")
+
+
+def turn_bucket(turn: int) -> str:
+    return str(turn) if turn < len(TURNS) else TURNS[-1]
+
+
+def by_turn(runs: dict[RunKey, Run], turns: dict[str, int], count: Count | None = None) -> list[dict[str, Any]]:
+    """Per (server, C, turn bucket): the requests, their tokens over their summed latency
+    (prefill included), and decode tokens/s; ``turns``: each prompt's place (1-based) among
+    its subtask's."""
+    rows = []
+    for (server, level), run in sorted(runs.items()):
+        ok = [r for r in run.requests if r["ok"]]
+        for bucket in TURNS:
+            chosen = [r for r in ok if turn_bucket(turns.get(r["prompt_id"], 1)) == bucket]
+            if not chosen:
+                continue
+            tokens = [tokens_of(r, count) for r in chosen]
+            latency = sum(r["latency_s"] for r in chosen)
+            rows.append(
+                {
+                    "server": server,
+                    "concurrency": level,
+                    "turn": bucket,
+                    "requests": len(chosen),
+                    "tok_s": sum(tokens) / latency if latency > 0 else None,
+                    "decode_tok_s": decode_tok_s(chosen, tokens),
+                }
+            )
+    return rows
