@@ -160,12 +160,27 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-class RssSampler:
-    """Samples a process's RSS every few seconds in a thread, until stopped."""
+def suffix_gauges(url: str) -> dict[str, float]:
+    """What the API server's /metrics says of its store of earlier answers (draftwise.suffix):
+    ``draftwise_suffix_tokens`` and ``draftwise_suffix_cap_tokens``."""
+    import httpx
 
-    def __init__(self, pid: int) -> None:
+    text = httpx.get(url + "/metrics", timeout=PROBE_TIMEOUT_S, trust_env=False).text
+    wanted = ("draftwise_suffix_tokens", "draftwise_suffix_cap_tokens")
+    return {
+        name: float(value) for name, _, value in (line.partition(" ") for line in text.splitlines()) if name in wanted
+    }
+
+
+class RssSampler:
+    """Samples a process's RSS every few seconds in a thread, until stopped; with ``url`` (the
+    API server's), its store of earlier answers too."""
+
+    def __init__(self, pid: int, url: str | None = None) -> None:
         self.pid = pid
+        self.url = url
         self.samples: list[tuple[float, int]] = []  # (seconds since start, bytes)
+        self.suffix: list[dict[str, float]] = []
         self._stop = threading.Event()
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -174,6 +189,8 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.samples.append((time.monotonic() - self._started, rss_bytes(self.pid)))
+            if self.url is not None:
+                self.suffix.append(suffix_gauges(self.url))
             self._stop.wait(RSS_EVERY_S)
 
     def stop(self, warmup_s: float) -> dict[str, Any]:
@@ -182,7 +199,13 @@ class RssSampler:
         self.samples.append((time.monotonic() - self._started, rss_bytes(self.pid)))
         after_warmup = next((rss for t, rss in self.samples if t >= warmup_s), self.samples[-1][1])
         end = self.samples[-1][1]
+        suffix = {}
+        if self.suffix:
+            tokens = [sample.get("draftwise_suffix_tokens", 0.0) for sample in self.suffix]
+            cap = self.suffix[-1].get("draftwise_suffix_cap_tokens")
+            suffix = {"suffix_tokens_max": max(tokens), "suffix_tokens_end": tokens[-1], "suffix_cap_tokens": cap}
         return {
+            **suffix,
             "rss_idle_mb": self.samples[0][1] / 2**20,
             "rss_after_warmup_mb": after_warmup / 2**20,
             "rss_end_mb": end / 2**20,
@@ -566,6 +589,7 @@ def _model_flags(args: argparse.Namespace) -> list[str]:
 
 def api_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     flags = ["serve", *_model_flags(args), "--workers", "2", "--queue-size", "16"]
+    flags += ["--suffix-cap", str(args.suffix_cap)] if args.suffix_cap is not None else []
     with cli_server(flags, "/health", workdir / "api.log") as (url, process):
         run = ApiRun(
             url=url,
@@ -579,7 +603,7 @@ def api_phase(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             duration=args.duration,
         )
         run.references = asyncio.run(_api_references(run))
-        sampler, prober, started = RssSampler(process.pid), HealthProber(url), time.monotonic()
+        sampler, prober, started = RssSampler(process.pid, url), HealthProber(url), time.monotonic()
         run.tally = Tally()
         asyncio.run(_api_load(run, args.clients, args.duration))
         wall = time.monotonic() - started
@@ -734,6 +758,8 @@ def goals(result: dict[str, Any]) -> dict[str, bool]:
             api_rss_growth_under_5pct=api["rss_growth_after_warmup"] < 0.05,
             api_health_p99_under_100ms=_health_met(api),
             api_hostile_answered_as_expected=api["hostile_unexpected"] == 0,
+            api_suffix_store_within_its_cap=api.get("suffix_cap_tokens") is not None
+            and api["suffix_tokens_max"] <= api["suffix_cap_tokens"],
         )
     if "verifier" in result:
         ver = result["verifier"]
@@ -783,6 +809,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--target", default="tiny:0", help="target model: tiny:SEED, a registry name (pulled), a path")
     parser.add_argument("--draft", default="tiny:1", help=f"draft model (the target's name: a fork of it), or {NGRAM}")
     parser.add_argument("--context", type=int, default=None, help="llama.cpp: positions per sequence (serve --context)")
+    parser.add_argument(
+        "--suffix-cap", type=int, default=None, help="serve --suffix-cap: tokens of earlier answers kept"
+    )
     parser.add_argument(
         "--k",
         type=int,

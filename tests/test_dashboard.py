@@ -352,9 +352,9 @@ def test_cli_errors_are_one_line() -> None:
     assert "Traceback" not in missing.output
 
 
-def test_prediction_tokens_show_in_their_own_colour():
+def test_prediction_and_recalled_tokens_show_in_their_own_colours():
     run = LiveRun(drafter="ngram")
-    for source in ("prediction", "ngram"):
+    for source in ("prediction", "ngram", "suffix"):
         run.add_chunk(
             {
                 "choices": [{"text": "ab"}],
@@ -366,7 +366,9 @@ def test_prediction_tokens_show_in_their_own_colour():
     page = tokens_html(run)
     assert page.count('class="dw-tok dw-predicted"') == 1  # the prediction's accepted token
     assert page.count('class="dw-tok dw-accepted"') == 1  # the n-gram's
+    assert page.count('class="dw-tok dw-recalled"') == 1  # drafted from an earlier answer
     assert "drafted by prediction" in page and "dw-predicted" in legend_html()
+    assert "drafted by suffix" in page and "dw-recalled" in legend_html()
 
 
 def test_the_plain_side_by_side_run_leaves_the_prediction_out():

@@ -254,7 +254,8 @@ def test_concurrency_and_server_lists_are_parsed_or_refused_in_one_line():
     assert parse_servers("llama-server,draftwise,draftwise") == ("llama-server", "draftwise")
     with pytest.raises(
         LoadError,
-        match="unknown server vllm; choose from draftwise, draftwise-noprediction, draftwise-off, draftwise-nosuffix, llama",
+        match="unknown server vllm; choose from draftwise, draftwise-noprediction, draftwise-off, "
+        "draftwise-nosuffix, llama",
     ):
         parse_servers("draftwise,vllm")
 

@@ -18,6 +18,8 @@ from draftwise import (
     SpeculativeEngine,
     autoregressive,
 )
+from draftwise.config import SuffixConfig
+from draftwise.suffix import SuffixStore
 from draftwise.verify import sample, verify_sampling
 
 from stats_support import ALPHA, as_dist, chi2_pvalue, exact_pairs, next_probs, sample_pairs
@@ -154,3 +156,17 @@ def test_e2e_hybrid_drafter_matches_exact_distribution(tiny_target, tiny_near_dr
     counts, outcomes = sample_pairs(engine, ngram_prompt, DraftConfig(k_policy="fixed", k=4, confidence_threshold=0.0))
     assert chi2_pvalue(counts, exact_pairs(tiny_target, ngram_prompt)) > ALPHA
     assert outcomes == {0, 1}
+
+
+def test_e2e_suffix_drafter_matches_exact_distribution(tiny_target):
+    # An earlier output went on after this prompt's end with a token the target gives a
+    # probability strictly between 0 and 1: the suffix source proposes it as a point mass.
+    base = tiny_target.tokenizer.encode("Hello world, ")
+    probs = next_probs(tiny_target, base)
+    guess = next(t for t in range(tiny_target.vocab_size) if 0.15 < float(probs[t]) < 0.85)
+    store = SuffixStore(SuffixConfig(scope="global"))
+    store.add("", base, [guess, guess])
+    engine = SpeculativeEngine.from_models(tiny_target, store.drafter(""))
+    counts, outcomes = sample_pairs(engine, base, DraftConfig(k_policy="fixed", k=4))
+    assert chi2_pvalue(counts, exact_pairs(tiny_target, base)) > ALPHA
+    assert outcomes == {0, 1}  # the earlier output's token was both accepted and rejected

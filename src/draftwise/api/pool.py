@@ -175,7 +175,7 @@ class SlotPool:
     ) -> None:
         self.size = len(slots)
         # What the slots keep of earlier outputs to draft from (one store for all of them).
-        self.suffix = slots[0].suffix if slots else None
+        self.suffix = slots[0].suffix if slots and isinstance(slots[0], Slot) else None
         self.queue_size = queue_size
         self.timeout = timeout
         self.metrics = metrics

@@ -38,6 +38,7 @@ from draftwise.api.translate import (
     prompt_bytes,
 )
 from draftwise.chat import PromptTooLong
+from draftwise.config import GenerationConfig
 from draftwise.constraint import GrammarError
 from draftwise.events import StepEvent
 from draftwise.grammar import Grammars
@@ -133,12 +134,16 @@ class Service:
             message = f"this model's maximum context length is {limit} tokens, and {exc}"
             raise context_exceeded(request, message) from exc
 
-    def suffix_scope(self, http: Request) -> str | None:
+    def suffix_scope(self, http: Request, config: GenerationConfig) -> str | None:
         """Whose earlier outputs a request drafts from (``--suffix-scope``): by the API key it
-        sends as ``Authorization: Bearer KEY``, whether or not the server checks keys."""
-        scheme, _, key = http.headers.get("authorization", "").partition(" ")
+        sends as ``Authorization: Bearer KEY``, whether or not the server checks keys. A seeded
+        sampled request drafts from none: which sample a seed draws depends on the drafts, so
+        its answer would depend on what the server answered before."""
         store = self.pool.suffix
-        return store.scope(key.strip() or None if scheme.lower() == "bearer" else None) if store else None
+        if store is None or (config.sampling.seed is not None and config.sampling.temperature > 0):
+            return None
+        scheme, _, key = http.headers.get("authorization", "").partition(" ")
+        return store.scope(key.strip() or None if scheme.lower() == "bearer" else None)
 
     def check_model(self, name: str) -> None:
         if name != self.settings.served_model:
@@ -171,7 +176,7 @@ class Service:
             request_plan.drafter,
             request_plan.cache_prompt,
             prediction_ids=encoded.prediction,
-            scope=self.suffix_scope(http),
+            scope=self.suffix_scope(http, request_plan.config),
         )
         transcript = Transcript(request_plan, self.tokenizer, job)
         rid = f"{shape.id_prefix}-{uuid.uuid4().hex}"

@@ -15,6 +15,8 @@ from typing import Any
 ACCEPTED, CORRECTED, BONUS = "accepted", "corrected", "bonus"
 PREDICTED = "predicted"  # an accepted token that a request's prediction drafted (shown apart)
 PREDICTION_SOURCE = "prediction"  # the drafter source that drafts from a prediction
+RECALLED = "recalled"  # an accepted token drafted from the server's earlier answers (shown apart)
+SUFFIX_SOURCE = "suffix"  # the drafter source that drafts from earlier answers
 
 
 @dataclass(frozen=True)

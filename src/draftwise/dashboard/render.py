@@ -16,20 +16,27 @@ from draftwise.dashboard.live import (
     CORRECTED,
     PREDICTED,
     PREDICTION_SOURCE,
+    RECALLED,
+    SUFFIX_SOURCE,
     DraftToken,
     LiveRun,
     TokenView,
 )
 
-COLOURS = {ACCEPTED: "#b7ebc0", PREDICTED: "#e3cdf7", CORRECTED: "#ffc9a8", BONUS: "#b9d9ff"}  # token backgrounds
+# token backgrounds
+COLOURS = {ACCEPTED: "#b7ebc0", PREDICTED: "#e3cdf7", RECALLED: "#fbe7a1", CORRECTED: "#ffc9a8", BONUS: "#b9d9ff"}
 LINE_COLOURS = {ACCEPTED: "#2e9e4f", CORRECTED: "#e8743b", BONUS: "#1f6fd1", "other": "#9e9e9e"}  # charts
 MEANING = {
     ACCEPTED: "accepted draft token: proposed by the drafter, kept by the target",
     PREDICTED: "accepted prediction token: drafted from the request's prediction, kept by the target",
+    RECALLED: "accepted recalled token: drafted from the server's earlier answers, kept by the target",
     CORRECTED: "target correction: the target's own token where it rejected the draft",
     BONUS: "bonus token: the target's next token after it accepted the whole draft (or with nothing drafted)",
     "rejected": "rejected proposal (struck through): drafted, then thrown away",
 }
+
+# Accepted tokens of these drafter sources get a colour of their own.
+SHOWN_APART = {PREDICTION_SOURCE: PREDICTED, SUFFIX_SOURCE: RECALLED}
 
 STYLE = f"""<style>
 .dw-box {{ font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 0.92rem; line-height: 1.9;
@@ -38,6 +45,7 @@ STYLE = f"""<style>
 .dw-tok {{ border-radius: 0.2rem; padding: 0.05rem 0; }}
 .dw-accepted {{ background: {COLOURS[ACCEPTED]}; }}
 .dw-predicted {{ background: {COLOURS[PREDICTED]}; }}
+.dw-recalled {{ background: {COLOURS[RECALLED]}; }}
 .dw-corrected {{ background: {COLOURS[CORRECTED]}; }}
 .dw-bonus {{ background: {COLOURS[BONUS]}; }}
 .dw-rejected {{ color: #c0392b; text-decoration: line-through; opacity: 0.75; font-size: 0.8em; }}
@@ -87,7 +95,7 @@ def token_title(token: TokenView) -> str:
 def token_html(token: TokenView) -> str:
     rejected = "".join(_rejected_html(d) for d in token.rejected)
     title = html.escape(token_title(token), quote=True)
-    shown = PREDICTED if token.source == ACCEPTED and token.drafted_by == PREDICTION_SOURCE else token.source
+    shown = SHOWN_APART.get(token.drafted_by or "", token.source) if token.source == ACCEPTED else token.source
     return f'{rejected}<span class="dw-tok dw-{shown}" title="{title}">{visible(token.text)}</span>'
 
 
@@ -101,7 +109,7 @@ def legend_html() -> str:
     items = [
         f'<span><span class="dw-tok dw-{s}" title="{html.escape(MEANING[s])}">&nbsp;{s}&nbsp;</span> '
         f"{html.escape(MEANING[s].split(':')[0])}</span>"
-        for s in (ACCEPTED, PREDICTED, CORRECTED, BONUS)
+        for s in (ACCEPTED, PREDICTED, RECALLED, CORRECTED, BONUS)
     ]
     items.append(
         f'<span><span class="dw-rejected">&nbsp;rejected&nbsp;</span> {html.escape(MEANING["rejected"])}</span>'
