@@ -42,13 +42,15 @@ from draftwise.loadbench.config import (
 )
 from draftwise.loadbench.inprocess import IN_PROCESS, running_app
 from draftwise.loadbench.prompts import LoadPrompt, load_prompts
-from draftwise.loadbench.report import mismatch_section, ratio_table, rows_table
+from draftwise.loadbench.report import mismatch_section, ratio_table, rows_table, turn_table
+from draftwise.loadbench.runner import turns_of
 from draftwise.loadbench.servers import draftwise_server, llama_server, server_for
 from draftwise.loadbench.stats import (
     Mismatch,
     Run,
     against_llama,
     alone_texts,
+    by_turn,
     decode_after_first_chunk,
     decode_tok_s,
     finished_runs,
@@ -160,6 +162,25 @@ def test_draftwise_is_set_against_the_best_llama_server_configuration():
     assert by_level[1]["best"] is None and by_level[1]["ratio"] is None
     table = "\n".join(ratio_table(against_llama(rows)))
     assert "| 4 | 30.0 | llama-server-spec | 25.0 | 1.20x |" in table and "| 1 | 10.0 | n/a | n/a | n/a |" in table
+
+
+def test_requests_are_summed_by_their_place_in_their_subtasks_sequence():
+    prompts = [LoadPrompt(id=f"{s}{i}", subtask=s, text="t", chat=True) for s in "ab" for i in range(1, 5)]
+    turns = turns_of(prompts)
+    assert turns["a1"] == 1 and turns["a4"] == 4 and turns["b2"] == 2
+
+    def run(server: str, seconds: float) -> Run:
+        requests = [{**_request(server, p.id, "x", 11, seconds, 0.0), "subtask": p.subtask} for p in prompts]
+        return Run(_run(server, server, 1, 1.0), requests)
+
+    rows = by_turn({("draftwise", 1): run("draftwise", 1.0), ("draftwise-off", 1): run("draftwise-off", 2.0)}, turns)
+    mine = {(r["subtask"], r["turn"]): r for r in rows if r["server"] == "draftwise"}
+    assert set(mine) == {(s, t) for s in "ab" for t in ("1", "2", "3+")}
+    assert mine[("a", "3+")]["requests"] == 2 and mine[("a", "3+")]["tok_s"] == 11.0
+    assert mine[("a", "3+")]["decode_tok_s"] == 10.0  # 10 tokens after the first, in 1 s each
+    table = "\n".join(turn_table(rows))
+    assert "| a | 3+ | draftwise | 1 | 2 | 11.0 | 10.0 | 2.00x |  |" in table
+    assert turn_table([]) == []
 
 
 # --- the report ------------------------------------------------------------------------------

@@ -117,25 +117,26 @@ def ratio_table(ratios: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def turn_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Each server's requests by their place in their subtask's sequence, and draftwise's
-    over draftwise-off and over the best llama-server at the same place and concurrency."""
+    """Each server's requests by subtask and by their place in the subtask's sequence, and
+    draftwise's over draftwise-off and over the best llama-server at the same place."""
     if not rows:
         return []
-    at = {(r["concurrency"], r["turn"], r["server"]): r for r in rows}
+    at = {(r["concurrency"], r["subtask"], r["turn"], r["server"]): r for r in rows}
     lines = [
-        "| server | C | turn | requests | tok/s (latency) | decode tok/s | / draftwise-off | / best llama-server |",
-        "|---|---|---|---|---|---|---|---|",
+        "| subtask | turn | server | C | requests | tok/s (latency) | decode tok/s | / draftwise-off "
+        "| / best llama-server |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        same = [v for (c, t, _), v in at.items() if (c, t) == (r["concurrency"], r["turn"])]
-        off = at.get((r["concurrency"], r["turn"], "draftwise-off"), {}).get("tok_s")
-        llama = [v["tok_s"] for v in same if v["server"] in LLAMA_SERVERS and v["tok_s"]]
+    for r in sorted(rows, key=lambda r: (r["subtask"], r["concurrency"], r["turn"])):
+        place = (r["concurrency"], r["subtask"], r["turn"])
+        off = at.get((*place, "draftwise-off"), {}).get("tok_s")
+        llama = [v["tok_s"] for key, v in at.items() if key[:3] == place and key[3] in LLAMA_SERVERS and v["tok_s"]]
         mine = r["tok_s"]
         over_off = f"{mine / off:.2f}x" if mine and off and r["server"] != "draftwise-off" else ""
         over_llama = f"{mine / max(llama):.2f}x" if mine and llama and r["server"] in DRAFTWISE_SERVERS else ""
         lines.append(
-            f"| {r['server']} | {r['concurrency']} | {r['turn']} | {r['requests']} | {_fmt(r['tok_s'], '.1f')} "
-            f"| {_fmt(r['decode_tok_s'], '.1f')} | {over_off} | {over_llama} |"
+            f"| {r['subtask']} | {r['turn']} | {r['server']} | {r['concurrency']} | {r['requests']} "
+            f"| {_fmt(r['tok_s'], '.1f')} | {_fmt(r['decode_tok_s'], '.1f')} | {over_off} | {over_llama} |"
         )
     return lines
 
@@ -246,7 +247,7 @@ def write_report(
         "",
         *ratio_table(summary["against_llama"]),
         "",
-        "## By turn: each request's place among its subtask's, in the order sent",
+        "## By turn: each request's place among its subtask's, in the order sent (1 client)",
         "",
         *turn_table(summary.get("by_turn", [])),
         "",

@@ -223,26 +223,30 @@ def turn_bucket(turn: int) -> str:
 
 
 def by_turn(runs: dict[RunKey, Run], turns: dict[str, int], count: Count | None = None) -> list[dict[str, Any]]:
-    """Per (server, C, turn bucket): the requests, their tokens over their summed latency
-    (prefill included), and decode tokens/s; ``turns``: each prompt's place (1-based) among
-    its subtask's."""
+    """Per (server, C, subtask, turn bucket): the requests, their tokens over their summed
+    latency (prefill included), and decode tokens/s; ``turns``: each prompt's place (1-based)
+    among its subtask's."""
     rows = []
     for (server, level), run in sorted(runs.items()):
         ok = [r for r in run.requests if r["ok"]]
-        for bucket in TURNS:
-            chosen = [r for r in ok if turn_bucket(turns.get(r["prompt_id"], 1)) == bucket]
-            if not chosen:
-                continue
-            tokens = [tokens_of(r, count) for r in chosen]
-            latency = sum(r["latency_s"] for r in chosen)
-            rows.append(
-                {
-                    "server": server,
-                    "concurrency": level,
-                    "turn": bucket,
-                    "requests": len(chosen),
-                    "tok_s": sum(tokens) / latency if latency > 0 else None,
-                    "decode_tok_s": decode_tok_s(chosen, tokens),
-                }
-            )
+        for subtask in sorted({r["subtask"] for r in ok}):
+            for bucket in TURNS:
+                chosen = [
+                    r for r in ok if r["subtask"] == subtask and turn_bucket(turns.get(r["prompt_id"], 1)) == bucket
+                ]
+                if not chosen:
+                    continue
+                tokens = [tokens_of(r, count) for r in chosen]
+                latency = sum(r["latency_s"] for r in chosen)
+                rows.append(
+                    {
+                        "server": server,
+                        "concurrency": level,
+                        "subtask": subtask,
+                        "turn": bucket,
+                        "requests": len(chosen),
+                        "tok_s": sum(tokens) / latency if latency > 0 else None,
+                        "decode_tok_s": decode_tok_s(chosen, tokens),
+                    }
+                )
     return rows
