@@ -8,7 +8,7 @@ import json
 import pytest
 
 from draftwise.backends.tiny import tiny_lm
-from draftwise.bench.curve import CurveConfig, measure
+from draftwise.bench.curve import CurveConfig, CurvePoint, measure, sure_limit
 from draftwise.config import ModelOptions
 
 from cli_support import run_cli, run_cli_here
@@ -39,6 +39,16 @@ def test_a_curve_through_the_cli_is_tabled_and_recorded(tmp_path):
     assert record["points"][0]["steps"] == pytest.approx(1.0)
     assert record["config"]["context"] == 16 and record["cpu"] and record["threads"] >= 1
     assert "plain steps" in done.stdout and f"host profile: {out}" in done.stderr
+    assert "sure drafts: at most" in done.stderr and record["sure_drafts"]["rows"] in (1, 2, 8)
+
+
+def test_the_sure_drafts_limit_is_the_pass_with_the_most_rows_per_step():
+    def point(rows: int, steps: float) -> CurvePoint:
+        return CurvePoint(rows=rows, ms=steps, ms_per_row=steps / rows, rows_per_s=rows / steps, steps=steps)
+
+    best = sure_limit([point(1, 1.0), point(4, 2.4), point(16, 8.3), point(32, 17.0)])
+    assert best is not None and best.rows == 16  # 1.93x, against 1.67x at 4 and 1.88x at 32
+    assert sure_limit([]) is None
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -139,18 +140,24 @@ class SuffixIndex:
     def continuation(self, match: Match, limit: int) -> list[int]:
         """Up to ``limit`` tokens after ``match``: at each position the token most of the
         occurrences still followed share, while more than half of them share it."""
-        alive = list(match.ends)
+        base = self._base
+        # What followed each occurrence; every output ends with a separator, where its own stops.
+        follows = [self._tokens[e + 1 - base : e + 1 - base + limit] for e in match.ends]
         block: list[int] = []
-        for step in range(1, limit + 1):
-            # Every output ends with a separator, so each occurrence has a token at every step
-            # until its own separator (the block stops there).
-            nexts = [self._tokens[e + step - self._base] for e in alive]
+        while follows:
+            # As far as they all agree (the common case: text repeated), no vote is needed.
+            common = os.path.commonprefix(follows)
+            if SEPARATOR in common:
+                return block + common[: common.index(SEPARATOR)]
+            block += common
+            depth = len(common)
+            nexts = [f[depth] if depth < len(f) else SEPARATOR for f in follows]
             token, count = Counter(nexts).most_common(1)[0]
-            if token == SEPARATOR or 2 * count <= len(alive):
+            if token == SEPARATOR or 2 * count <= len(follows):
                 break
-            alive = [e for e, t in zip(alive, nexts) if t == token]
+            follows = [f[depth + 1 :] for f, t in zip(follows, nexts) if t == token]
             block.append(token)
-        return block
+        return block[:limit]
 
 
 class SuffixStore:

@@ -81,6 +81,18 @@ def measure(lm: LanguageModel, config: CurveConfig, unit: bool = False) -> list[
     ]
 
 
+def sure_limit(points: list[CurvePoint]) -> CurvePoint | None:
+    """The pass size that turns the most rows into tokens per plain step: were every drafted
+    token kept, blocks of its rows less one would run at ``rows / steps`` times plain decoding,
+    the most drafting can give on this host (a prediction, an earlier answer repeated, a
+    grammar's forced text).
+
+    Example: passes of 1, 4 and 16 rows at 1.0, 2.4 and 8.3 plain steps: 4 / 2.4 = 1.67 and
+    16 / 8.3 = 1.93, so 16 rows, at most 1.93x plain decoding.
+    """
+    return max(points, key=lambda p: p.rows / p.steps, default=None)
+
+
 def host_profile(
     config: CurveConfig, points: list[CurvePoint], target: LanguageModel, draft: LanguageModel | None, threads: int
 ) -> dict[str, Any]:
@@ -98,6 +110,9 @@ def host_profile(
         "fingerprint": target.fingerprint,
         "pass_ms": {str(p.rows): round(p.ms, 3) for p in points},
     }
+    best = sure_limit(points)
+    if best is not None:
+        record["sure_drafts"] = {"rows": best.rows, "speedup": round(best.rows / best.steps, 3)}
     if draft is not None:
         token, catchup = time_draft(draft)
         record["draft_token_ms"] = {MODEL: round(1e3 * token, 3)}

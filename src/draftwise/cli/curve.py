@@ -30,7 +30,7 @@ def curve(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions(
     from rich.console import Console
     from rich.table import Table
 
-    from draftwise.bench.curve import host_profile, measure
+    from draftwise.bench.curve import host_profile, measure, sure_limit
     from draftwise.cpu import cpu_name, default_threads
     from draftwise.loading import load_pair
 
@@ -45,6 +45,12 @@ def curve(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions(
     for p in points:
         table.add_row(str(p.rows), f"{p.ms:.1f}", f"{p.ms_per_row:.2f}", f"{p.rows_per_s:.1f}", f"{p.steps:.2f}")
     Console().print(table)
+    best = sure_limit(points)
+    if best is not None:
+        note(
+            f"sure drafts: at most {best.rows / best.steps:.2f}x plain decoding here, were every drafted token "
+            f"kept (passes of {best.rows} rows)"
+        )
     if config.out is not None:
         profile = host_profile(config, points, lm, draft, threads)
         config.out.write_text(json.dumps(profile, indent=1) + "\n")
