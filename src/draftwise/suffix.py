@@ -146,7 +146,7 @@ class SuffixIndex:
         block: list[int] = []
         while follows:
             # As far as they all agree (the common case: text repeated), no vote is needed.
-            common = os.path.commonprefix(follows)
+            common = list(os.path.commonprefix(follows))
             if SEPARATOR in common:
                 return block + common[: common.index(SEPARATOR)]
             block += common
