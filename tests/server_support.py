@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,3 +40,12 @@ def serve_in_background(app: Any, host: str = "127.0.0.1", port: int = 0) -> Ite
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> None:
+    """Return once ``condition()`` is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)

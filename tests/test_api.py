@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Iterator
 from typing import Literal
 
@@ -27,7 +26,7 @@ from draftwise.config import GenerationConfig, GrammarSpec  # noqa: E402
 from draftwise.engine import autoregressive  # noqa: E402
 from draftwise.prepare import Pair  # noqa: E402
 
-from server_support import serve_in_background  # noqa: E402
+from server_support import serve_in_background, wait_for  # noqa: E402
 
 MODEL = "tiny:0"
 PROMPT = "Once upon a time"
@@ -53,14 +52,6 @@ def _metrics(url: str) -> dict[tuple[str, tuple], float]:
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
-
-
-def _wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -359,7 +350,7 @@ def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
         running = client.completions.create(**long)
         next(iter(running))  # the first slot is generating
         waiting = client.completions.create(**long)
-        _wait_for(lambda: httpx.get(f"{url}/health").json()["queued"] == 1)
+        wait_for(lambda: httpx.get(f"{url}/health").json()["queued"] == 1)
         with pytest.raises(openai.RateLimitError) as refused:
             client.completions.create(**long)
         assert refused.value.status_code == 429
@@ -378,7 +369,7 @@ def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
                 and m[("draftwise_queue_depth", ())] == 0
             )
 
-        _wait_for(all_cancelled)
+        wait_for(all_cancelled)
         m = _metrics(url)
         # Stopped within a block of the disconnect, far from the 2 x 3000 tokens asked for.
         assert m[("draftwise_generated_tokens_total", ())] < 1500
@@ -399,7 +390,7 @@ def test_request_timeout(tiny_target):
         with pytest.raises(openai.APIError, match="longer than"):
             for _ in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3000, temperature=0, stream=True):
                 pass
-        _wait_for(lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "timeout"),))) == 2)
+        wait_for(lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "timeout"),))) == 2)
         assert _metrics(url)[("draftwise_generated_tokens_total", ())] < 1500
 
 
@@ -411,9 +402,7 @@ def test_non_streaming_disconnect_cancels(tiny_target):
                 json={"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "temperature": 0},
                 timeout=httpx.Timeout(5.0, read=0.5),
             )
-        _wait_for(
-            lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),))) == 1
-        )
+        wait_for(lambda: _metrics(url).get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),))) == 1)
         assert _metrics(url)[("draftwise_generated_tokens_total", ())] < 1500
 
 

@@ -23,7 +23,7 @@ from draftwise.config import GenerationConfig, SuffixConfig  # noqa: E402
 from draftwise.engine import autoregressive  # noqa: E402
 from draftwise.prepare import Pair  # noqa: E402
 
-from server_support import serve_in_background  # noqa: E402
+from server_support import serve_in_background, wait_for  # noqa: E402
 
 MODEL = "tiny:0"
 PROMPT = "Once upon a time"
@@ -70,7 +70,7 @@ def test_a_repeated_request_drafts_from_the_first_and_answers_as_plain_decoding(
     for url in _serve(tiny_target):
         assert _ask(url) == plain and _kept(url) == 0
         # The first answer is kept once it ended (off the rounds): wait for it.
-        _wait(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
+        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
         assert _ask(url) == plain
         assert _kept(url) > TOKENS / 2
         assert _metric(url, "draftwise_suffix_tokens") > TOKENS
@@ -80,9 +80,9 @@ def test_a_repeated_request_drafts_from_the_first_and_answers_as_plain_decoding(
 def test_scopes_keep_api_keys_apart(tiny_target, plain):
     for url in _serve(tiny_target, scope="key"):
         _ask(url, key="alice")
-        _wait(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
+        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
         assert _ask(url, key="bob") == plain and _kept(url) == 0
-        _wait(lambda: _metric(url, "draftwise_suffix_outputs") == 2)
+        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 2)
         assert _ask(url, key="alice") == plain and _kept(url) > 0
     for url in _serve(tiny_target, scope="none"):
         _ask(url)
@@ -102,7 +102,7 @@ def test_a_seeded_sampled_answer_does_not_depend_on_earlier_answers(tiny_target)
     for url in _serve(tiny_target):
         first = sample()
         _ask(url)  # a greedy answer to the same prompt is kept
-        _wait(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
+        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
         assert sample() == first and _kept(url) == 0
 
 
@@ -111,7 +111,7 @@ def test_the_store_keeps_to_its_cap(tiny_target):
     for url in _serve(tiny_target, cap_tokens=cap, scope="global"):
         for i in range(4):
             _ask(url, prompt=f"{PROMPT} {i}")
-            _wait(lambda: _metric(url, "draftwise_suffix_outputs") >= 1)
+            wait_for(lambda: _metric(url, "draftwise_suffix_outputs") >= 1)
             assert _metric(url, "draftwise_suffix_tokens") <= cap
 
 
@@ -119,7 +119,7 @@ def test_the_cache_file_survives_a_restart_and_a_broken_one_costs_an_empty_store
     cache = tmp_path / "suffix.json"
     for url in _serve(tiny_target, cache=cache):
         _ask(url)
-        _wait(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
+        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
     assert cache.is_file()  # written at shutdown
     for url in _serve(tiny_target, cache=cache):
         assert _metric(url, "draftwise_suffix_outputs") == 1
@@ -130,13 +130,3 @@ def test_the_cache_file_survives_a_restart_and_a_broken_one_costs_an_empty_store
         assert _metric(url, "draftwise_suffix_outputs") == 0
         assert _ask(url) == plain
     assert len(lines) == 1 and "unreadable" in lines[0] and str(cache) in lines[0]
-
-
-def _wait(condition, timeout: float = 20.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
