@@ -13,14 +13,18 @@ import pytest
 from draftwise.config import MAX_BLOCK, GenerationConfig, SuffixConfig
 from draftwise.events import SUFFIX
 from draftwise.lm import drive
-from draftwise.suffix import SEPARATOR, SuffixIndex, SuffixStore
+from draftwise.suffix import SEPARATOR, SuffixIndex, SuffixStore, suffix_keys
 
 
 def index(*docs: list[int], orders: tuple[int, ...] = (2, 4), occurrences: int = 32) -> SuffixIndex:
     found = SuffixIndex(orders, occurrences)
     for doc in docs:
-        found.add(doc)
+        keep(found, doc)
     return found
+
+
+def keep(found: SuffixIndex, doc: list[int]) -> None:
+    found.add(doc, suffix_keys(doc, found.orders))
 
 
 def block(found: SuffixIndex, context: list[int], limit: int = MAX_BLOCK) -> list[int]:
@@ -32,7 +36,7 @@ def test_the_docstring_example() -> None:
     found = index([7, 1, 2, 3, 4], [9, 1, 2, 3, 5])
     assert block(found, [6, 2, 3]) == []  # "2 3" went on with 4 and with 5: no majority
     assert block(found, [8, 1, 2]) == [3]
-    found.add([1, 2, 3, 4, 6])
+    keep(found, [1, 2, 3, 4, 6])
     assert block(found, [8, 1, 2]) == [3, 4]
 
 

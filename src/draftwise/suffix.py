@@ -55,6 +55,17 @@ class Match:
     ends: tuple[int, ...]
 
 
+def suffix_keys(tokens: Sequence[int], orders: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(order, hash, offset of its last token) of every suffix of ``tokens`` worth indexing:
+    those with a token after them (the last token's continuation is the separator)."""
+    return [
+        (order, hash(tuple(tokens[i + 1 - order : i + 1])), i)
+        for i in range(len(tokens) - 1)
+        for order in orders
+        if i + 1 >= order
+    ]
+
+
 class SuffixIndex:
     """One scope's earlier outputs: the tokens, and where each suffix of ``orders`` ended.
     Not locked itself: ``SuffixStore`` holds the lock around every use."""
@@ -84,22 +95,13 @@ class SuffixIndex:
             start += length
         return found
 
-    def _keys(self, tokens: Sequence[int]) -> list[tuple[int, int, int]]:
-        """(order, hash, offset of its last token) of every suffix worth indexing: those with
-        a token after them (the last token's continuation is the separator)."""
-        return [
-            (order, hash(tuple(tokens[i + 1 - order : i + 1])), i)
-            for i in range(len(tokens) - 1)
-            for order in self.orders
-            if i + 1 >= order
-        ]
-
-    def add(self, tokens: Sequence[int]) -> None:
+    def add(self, tokens: Sequence[int], keys: Sequence[tuple[int, int, int]]) -> None:
+        """Keep ``tokens``, whose ``suffix_keys`` are ``keys`` (hashed before the lock is taken)."""
         start = self._base + len(self._tokens)
         self._tokens.extend(tokens)
         self._tokens.append(SEPARATOR)
         self._lengths.append(len(tokens) + 1)
-        for order, key, offset in self._keys(tokens):
+        for order, key, offset in keys:
             ends = self._ends[order].setdefault(key, [])
             ends.append(start + offset)
             if len(ends) > self.occurrences:
@@ -109,7 +111,7 @@ class SuffixIndex:
         """Drop the oldest output; the tokens freed."""
         length = self._lengths.popleft()
         base = self._base + length
-        for order, key, _ in self._keys(self._tokens[: length - 1]):
+        for order, key, _ in suffix_keys(self._tokens[: length - 1], self.orders):
             ends = self._ends[order].get(key)
             if ends is None:
                 continue
@@ -196,15 +198,21 @@ class SuffixStore:
         docs = [list(prompt)] if self.config.prompts and prompt else []
         if output:
             docs.append(list(prompt[len(prompt) - lead :] if lead else ()) + list(output))
-        with self._lock:
-            for doc in docs:
-                self._add(scope, doc[max(0, len(doc) + 1 - self.config.cap_tokens) :])
+        self._add(scope, docs)
 
-    def _add(self, scope: str, doc: list[int]) -> None:
-        if not doc:
-            return
+    def _add(self, scope: str, docs: Sequence[list[int]]) -> None:
+        """Keep ``docs`` in ``scope``, each cut to its last tokens that fit the cap. The hashing
+        is done before the lock is taken: streams look up under it between their passes."""
         config = self.config
-        self._indexes.setdefault(scope, SuffixIndex(config.orders, config.occurrences)).add(doc)
+        cut = [doc[max(0, len(doc) + 1 - config.cap_tokens) :] for doc in docs]
+        keyed = [(doc, suffix_keys(doc, config.orders)) for doc in cut if doc]
+        with self._lock:
+            for doc, keys in keyed:
+                self._keep(scope, doc, keys)
+
+    def _keep(self, scope: str, doc: list[int], keys: list[tuple[int, int, int]]) -> None:
+        config = self.config
+        self._indexes.setdefault(scope, SuffixIndex(config.orders, config.occurrences)).add(doc, keys)
         self._order.append(scope)
         self._size += len(doc) + 1
         while self._size > config.cap_tokens and self._order:
@@ -220,9 +228,9 @@ class SuffixStore:
         with self._lock:
             index = self._indexes.get(scope)
             found = index.match(context) if index is not None else None
-            if found is None:
+            if index is None or found is None:
                 return 0, []
-            return found.order, index.continuation(found, limit)  # type: ignore[union-attr]
+            return found.order, index.continuation(found, limit)
 
     def drafter(self, scope: str) -> SuffixDrafter:
         return SuffixDrafter(lambda context, limit: self.draft(scope, context, limit), self.config.orders[-1])
@@ -244,9 +252,8 @@ class SuffixStore:
             return None
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             return f"suffix cache {path} unreadable ({type(exc).__name__}); starting empty"
-        with self._lock:
-            for scope, tokens in docs:
-                self._add(scope, tokens)
+        for scope, tokens in docs:
+            self._add(scope, [tokens])
         return None
 
 

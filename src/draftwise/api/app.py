@@ -48,8 +48,9 @@ def create_app(settings: ServerSettings, pair: Pair, log: Callable[[str], None] 
     metrics = ServerMetrics()
     # A ``Pair`` does not say how many slots its models were loaded for, so the count is the
     # settings' own, the one ``prepare_pair`` was given.
-    suffix, vocabulary = SuffixStore(settings.suffix), vocabulary_digest(pair.target.tokenizer)
-    cache = settings.suffix.cache
+    suffix, cache = SuffixStore(settings.suffix), settings.suffix.cache
+    # Names the target's vocabulary in the cache file: read only where there is one.
+    vocabulary = vocabulary_digest(pair.target.tokenizer) if cache is not None else ""
     if cache is not None:
         problem = suffix.load(cache, vocabulary)
         if problem is not None:
