@@ -49,3 +49,15 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.05)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The value of one sample of a server's ``/metrics`` (0 where it has none yet)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0

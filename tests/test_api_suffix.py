@@ -15,7 +15,6 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from draftwise.api.app import create_app  # noqa: E402
 from draftwise.api.settings import ServerSettings  # noqa: E402
@@ -23,7 +22,7 @@ from draftwise.config import GenerationConfig, SuffixConfig  # noqa: E402
 from draftwise.engine import autoregressive  # noqa: E402
 from draftwise.prepare import Pair  # noqa: E402
 
-from server_support import serve_in_background, wait_for  # noqa: E402
+from server_support import metric, serve_in_background, wait_for  # noqa: E402
 
 MODEL = "tiny:0"
 PROMPT = "Once upon a time"
@@ -36,17 +35,8 @@ def _serve(target, log=lambda line: None, **suffix) -> Iterator[str]:
         yield url
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    return 0.0
-
-
 def _kept(url: str) -> float:
-    return _metric(url, "draftwise_draft_tokens_by_source_total", source="suffix", kept="yes")
+    return metric(url, "draftwise_draft_tokens_by_source_total", source="suffix", kept="yes")
 
 
 def _ask(url: str, key: str = "alice", prompt: str = PROMPT) -> str:
@@ -70,24 +60,24 @@ def test_a_repeated_request_drafts_from_the_first_and_answers_as_plain_decoding(
     for url in _serve(tiny_target):
         assert _ask(url) == plain and _kept(url) == 0
         # The first answer is kept once it ended (off the rounds): wait for it.
-        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
+        wait_for(lambda: metric(url, "draftwise_suffix_outputs") == 1)
         assert _ask(url) == plain
         assert _kept(url) > TOKENS / 2
-        assert _metric(url, "draftwise_suffix_tokens") > TOKENS
-        assert _metric(url, "draftwise_suffix_cap_tokens") == SuffixConfig().cap_tokens
+        assert metric(url, "draftwise_suffix_tokens") > TOKENS
+        assert metric(url, "draftwise_suffix_cap_tokens") == SuffixConfig().cap_tokens
 
 
 def test_scopes_keep_api_keys_apart(tiny_target, plain):
     for url in _serve(tiny_target, scope="key"):
         _ask(url, key="alice")
-        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
+        wait_for(lambda: metric(url, "draftwise_suffix_outputs") == 1)
         assert _ask(url, key="bob") == plain and _kept(url) == 0
-        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 2)
+        wait_for(lambda: metric(url, "draftwise_suffix_outputs") == 2)
         assert _ask(url, key="alice") == plain and _kept(url) > 0
     for url in _serve(tiny_target, scope="none"):
         _ask(url)
         assert _ask(url) == plain and _kept(url) == 0
-        assert _metric(url, "draftwise_suffix_tokens") == 0
+        assert metric(url, "draftwise_suffix_tokens") == 0
 
 
 def test_a_seeded_sampled_answer_does_not_depend_on_earlier_answers(tiny_target):
@@ -102,7 +92,7 @@ def test_a_seeded_sampled_answer_does_not_depend_on_earlier_answers(tiny_target)
     for url in _serve(tiny_target):
         first = sample()
         _ask(url)  # a greedy answer to the same prompt is kept
-        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
+        wait_for(lambda: metric(url, "draftwise_suffix_outputs") == 1)
         assert sample() == first and _kept(url) == 0
 
 
@@ -111,22 +101,22 @@ def test_the_store_keeps_to_its_cap(tiny_target):
     for url in _serve(tiny_target, cap_tokens=cap, scope="global"):
         for i in range(4):
             _ask(url, prompt=f"{PROMPT} {i}")
-            wait_for(lambda: _metric(url, "draftwise_suffix_outputs") >= 1)
-            assert _metric(url, "draftwise_suffix_tokens") <= cap
+            wait_for(lambda: metric(url, "draftwise_suffix_outputs") >= 1)
+            assert metric(url, "draftwise_suffix_tokens") <= cap
 
 
 def test_the_cache_file_survives_a_restart_and_a_broken_one_costs_an_empty_store(tiny_target, plain, tmp_path: Path):
     cache = tmp_path / "suffix.json"
     for url in _serve(tiny_target, cache=cache):
         _ask(url)
-        wait_for(lambda: _metric(url, "draftwise_suffix_outputs") == 1)
+        wait_for(lambda: metric(url, "draftwise_suffix_outputs") == 1)
     assert cache.is_file()  # written at shutdown
     for url in _serve(tiny_target, cache=cache):
-        assert _metric(url, "draftwise_suffix_outputs") == 1
+        assert metric(url, "draftwise_suffix_outputs") == 1
         assert _ask(url) == plain and _kept(url) > TOKENS / 2
     cache.write_text("not a cache")
     lines: list[str] = []
     for url in _serve(tiny_target, log=lines.append, cache=cache):
-        assert _metric(url, "draftwise_suffix_outputs") == 0
+        assert metric(url, "draftwise_suffix_outputs") == 0
         assert _ask(url) == plain
     assert len(lines) == 1 and "unreadable" in lines[0] and str(cache) in lines[0]

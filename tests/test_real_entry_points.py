@@ -12,6 +12,7 @@ import pytest
 
 from cli_support import cli_server, run_cli, stop
 from real_support import PROMPT, SMOL, needs_llama_cpp, needs_smol, require_module
+from server_support import metric
 
 pytestmark = [pytest.mark.slow, pytest.mark.one_core, needs_smol]
 openai = require_module("openai")
@@ -145,17 +146,6 @@ def test_a_json_schema_constrains_the_real_model_and_its_keys_are_drafted(tmp_pa
     assert bad.returncode == 2 and "invalid JSON schema" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def _suffix_metric(url: str, name: str, **labels: str) -> float:
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    return 0.0
-
-
 def test_serve_drafts_from_its_earlier_answers_and_keeps_them_across_a_restart(tmp_path):
     import time
 
@@ -172,13 +162,13 @@ def test_serve_drafts_from_its_earlier_answers_and_keeps_them_across_a_restart(t
     with cli_server(args, "/health", tmp_path / "serve.log") as (url, process):
         first = ask(url)
         deadline = time.monotonic() + 60  # the answer is kept off the rounds, just after it ends
-        while _suffix_metric(url, "draftwise_suffix_outputs") < 1 and time.monotonic() < deadline:
+        while metric(url, "draftwise_suffix_outputs") < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert ask(url) == first and _suffix_metric(url, kept[0], **kept[1]) > 0
+        assert ask(url) == first and metric(url, kept[0], **kept[1]) > 0
         assert stop(process, signal.SIGINT) == 0
     assert cache.is_file()
     with cli_server(args, "/health", tmp_path / "again.log") as (url, process):
-        assert _suffix_metric(url, "draftwise_suffix_outputs") == 2
-        assert ask(url) == first and _suffix_metric(url, kept[0], **kept[1]) > 0
+        assert metric(url, "draftwise_suffix_outputs") == 2
+        assert ask(url) == first and metric(url, kept[0], **kept[1]) > 0
         assert stop(process, signal.SIGINT) == 0
     assert "Traceback" not in (tmp_path / "serve.log").read_text() + (tmp_path / "again.log").read_text()
