@@ -6,7 +6,7 @@ would (``draftwise.suffix``): at every step it proposes up to ``k`` tokens whene
 offers any (no policy), keeps the longest right prefix plus the target's token, and prices each
 pass on a host profile's curve (``draftwise curve --out``, ``tests/data/hosts/``). It prints,
 per host and ``k``, the speed-up over one-row steps on the requests from ``--from-turn`` on,
-and the mean time of one lookup. With ``--arctic``, ArcticInference's suffix tree
+and the mean time of one lookup (the draft call alone). With ``--arctic``, ArcticInference's suffix tree
 (``arctic_inference.suffix_decoding``, built from its sdist) drafts the same answers beside it:
 its tree of earlier answers alone, and with its tree of the prompt.
 
@@ -21,9 +21,19 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 HOSTS = ("tests/data/hosts/amd-epyc.json", "tests/data/hosts/intel-xeon.json")
-Drafter = Callable[[int, list[int], int], list[int]]  # (request, context, k) -> block
+
+
+class Source(Protocol):
+    """A suffix source as a server would run it: each request started with its prompt,
+    drafted from, fed what the target kept, and finished with its answer."""
+
+    def start(self, request: int, prompt: list[int]) -> None: ...
+    def draft(self, request: int, context: list[int], k: int) -> list[int]: ...
+    def grow(self, request: int, tokens: list[int]) -> None: ...
+    def finish(self, request: int, prompt: list[int], answer: list[int]) -> None: ...
 
 
 def curve(path: str) -> Callable[[int], float]:
@@ -61,67 +71,78 @@ def answers(args: argparse.Namespace) -> list[tuple[list[int], list[int], bool]]
     return found
 
 
-def replay(runs: Sequence[tuple[list[int], list[int], bool]], draft: Drafter, k: int, hosts: Sequence[str]) -> str:
-    """The speed-up on each host and the mean lookup, drafting with ``draft``."""
+def replay(runs: Sequence[tuple[list[int], list[int], bool]], source: Source, k: int, hosts: Sequence[str]) -> str:
+    """The speed-up on each host and the mean lookup, drafting from ``source``."""
     prices = [curve(h) for h in hosts]
     plain, cost = [0.0] * len(hosts), [0.0] * len(hosts)
     spent, lookups = 0.0, 0
     for request, (prompt, out, counted) in enumerate(runs):
         context, pos = list(prompt), 0
+        source.start(request, prompt)
         while pos < len(out):
             started = time.perf_counter()
-            block = draft(request, context, k)[:k]
+            block = source.draft(request, context, k)[:k]
             spent, lookups = spent + time.perf_counter() - started, lookups + 1
             kept = next((i for i, t in enumerate(block) if pos + i >= len(out) or t != out[pos + i]), len(block))
             take = min(kept + 1, len(out) - pos)
             for i, price in enumerate(prices):
                 if counted:
                     plain[i], cost[i] = plain[i] + take * price(1), cost[i] + price(len(block) + 1)
+            source.grow(request, out[pos : pos + take])
             context += out[pos : pos + take]
             pos += take
-        draft(request, context, -len(prompt))  # the answer is done: keep it
+        source.finish(request, prompt, out)
     ratios = ", ".join(f"{Path(h).stem} {p / c:.2f}x" for h, p, c in zip(hosts, plain, cost))
     return f"{ratios}; {1e6 * spent / lookups:.0f} us a lookup"
 
 
-def ours() -> Drafter:
-    from draftwise.config import SuffixConfig
-    from draftwise.suffix import SuffixStore
+class Ours:
+    """This project's source: a store of earlier answers (``draftwise.suffix``)."""
 
-    store = SuffixStore(SuffixConfig())
+    def __init__(self) -> None:
+        from draftwise.config import SuffixConfig
+        from draftwise.suffix import SuffixStore
 
-    def draft(request: int, context: list[int], k: int) -> list[int]:
-        if k < 0:  # done: the prompt is the context's first -k tokens
-            store.add("", context[:-k], context[-k:])
-            return []
-        return store.draft("", context, k)[1]
+        self.store = SuffixStore(SuffixConfig())
 
-    return draft
+    def start(self, request: int, prompt: list[int]) -> None:
+        pass
+
+    def draft(self, request: int, context: list[int], k: int) -> list[int]:
+        return self.store.draft("", context, k)[1]
+
+    def grow(self, request: int, tokens: list[int]) -> None:
+        pass
+
+    def finish(self, request: int, prompt: list[int], answer: list[int]) -> None:
+        self.store.add("", prompt, answer)
 
 
-def arctic(with_prompt: bool) -> Drafter:
-    from arctic_inference.suffix_decoding._C import SuffixTree
-    from arctic_inference.suffix_decoding.cache import SuffixDecodingCache
+class Arctic:
+    """ArcticInference's: its tree of earlier answers, and with ``with_prompt`` its tree of
+    the request's prompt and answer so far too."""
 
-    cache, started = SuffixDecodingCache(64), set()
+    def __init__(self, with_prompt: bool) -> None:
+        from arctic_inference.suffix_decoding.cache import SuffixDecodingCache
 
-    def draft(request: int, context: list[int], k: int) -> list[int]:
-        if request not in started:
-            started.add(request)
-            cache.start_request(request, context)
-            draft.length = len(context)  # type: ignore[attr-defined]
-        grown = context[draft.length :]  # type: ignore[attr-defined]
-        if grown:
-            cache.add_active_response(request, grown)
-            draft.length = len(context)  # type: ignore[attr-defined]
-        if k < 0:
-            cache.stop_request(request)
-            return []
-        if with_prompt:
-            return list(cache.speculate(request, context[-64:], k).token_ids)
-        return list(SuffixTree.speculate(cache._global_tree, context[-64:], k, 1.0, 0.0, 0.1, False).token_ids)
+        self.cache, self.with_prompt = SuffixDecodingCache(64), with_prompt
 
-    return draft
+    def start(self, request: int, prompt: list[int]) -> None:
+        self.cache.start_request(request, prompt)
+
+    def draft(self, request: int, context: list[int], k: int) -> list[int]:
+        from arctic_inference.suffix_decoding._C import SuffixTree
+
+        if self.with_prompt:
+            return list(self.cache.speculate(request, context[-64:], k).token_ids)
+        tree = self.cache._global_tree
+        return list(SuffixTree.speculate(tree, context[-64:], k, 1.0, 0.0, 0.1, False).token_ids)
+
+    def grow(self, request: int, tokens: list[int]) -> None:
+        self.cache.add_active_response(request, tokens)
+
+    def finish(self, request: int, prompt: list[int], answer: list[int]) -> None:
+        self.cache.stop_request(request)
 
 
 def main() -> None:
@@ -138,10 +159,10 @@ def main() -> None:
     args = parser.parse_args()
     runs, hosts = answers(args), args.hosts.split(",")
     for k in (int(value) for value in args.k.split(",")):
-        print(f"k {k}, draftwise: {replay(runs, ours(), k, hosts)}")
+        print(f"k {k}, draftwise: {replay(runs, Ours(), k, hosts)}")
         if args.arctic:
-            print(f"k {k}, arctic, earlier answers: {replay(runs, arctic(False), k, hosts)}")
-            print(f"k {k}, arctic, and the prompt: {replay(runs, arctic(True), k, hosts)}")
+            print(f"k {k}, arctic, earlier answers: {replay(runs, Arctic(False), k, hosts)}")
+            print(f"k {k}, arctic, and the prompt: {replay(runs, Arctic(True), k, hosts)}")
 
 
 if __name__ == "__main__":
