@@ -159,12 +159,12 @@ def holes(target: str, threads: int, ordered: bool) -> dict[str, Any]:
     cell of the second, which then decodes a block. Its rows' scores against the same sequence
     alone (``ordered=False``: llama.cpp's usual cell search, which puts the block in the freed
     cells, to show that the probe sees the difference)."""
-    if not ordered:  # the switch off, as a user may set it (draftwise orders cells unless told not to)
-        del llamacpp.EXACT_SWITCHES["LLAMA_KV_ORDERED"]
-        os.environ["LLAMA_KV_ORDERED"] = "0"
     rng = random.Random(1)
     first, second, block = ([rng.randrange(100, 10_000) for _ in range(n)] for n in (300, 300, 8))
     lm = _load(target, threads, slots=2)
+    switches = llamacpp.library().switches
+    assert switches is not None and switches.kv_ordered()  # --exact orders them
+    switches.kv_ordered(ordered)  # read at every pass: off, llama.cpp's usual search
     other = lm.fork()
     lm.forward(first, last=1)
     other.forward(second, last=1)
@@ -178,6 +178,18 @@ def holes(target: str, threads: int, ordered: bool) -> dict[str, Any]:
     return {"compared": len(block), "differences": differences}
 
 
+def switches(target: str, threads: int, exact: bool) -> dict[str, Any]:
+    """What loading a model sets in ggml and libllama (patch 0007's switches), and what it
+    changed in this process's environment."""
+    before = dict(os.environ)
+    options = ModelOptions(backend="llamacpp", threads=threads, context=512, exact=exact)
+    llamacpp.load_llamacpp(Path(target).stem, Path(target), options)
+    switch = llamacpp.library().switches
+    assert switch is not None
+    changed = sorted(set(os.environ.items()) ^ set(before.items()))
+    return {"row_invariant": switch.row_invariant(), "kv_ordered": switch.kv_ordered(), "environment": changed}
+
+
 def main() -> None:
     probe, target, draft, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     runs = {
@@ -188,6 +200,8 @@ def main() -> None:
         "reuse": lambda: reuse(target, threads),
         "holes": lambda: holes(target, threads, ordered=True),
         "holes-unordered": lambda: holes(target, threads, ordered=False),
+        "switches": lambda: switches(target, threads, exact=False),
+        "switches-exact": lambda: switches(target, threads, exact=True),
     }
     print(json.dumps(runs[probe]()))
 

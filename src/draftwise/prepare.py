@@ -26,7 +26,7 @@ from draftwise.errors import ConfigError
 from draftwise.lm import LanguageModel
 from draftwise.loading import load_pair
 from draftwise.profile import CostProfile, read_host
-from draftwise.registry import REGISTRY
+from draftwise.registry import paired_draft
 
 Log = Callable[[str], None]
 WARM_UP_TEXT = "The quick brown fox"  # any plain text: only the pass matters, not its output
@@ -51,10 +51,8 @@ class Pair:
 def recommended(target: str) -> tuple[str | None, DrafterKind]:
     """(draft model, drafter) the registry recommends for ``target``: its packaged draft with
     the hybrid drafter, or n-gram lookup where none is known."""
-    entry = REGISTRY.get(target)
-    if entry is None or entry.draft in (None, "ngram"):
-        return None, "ngram"
-    return entry.draft, "hybrid"
+    draft = paired_draft(target)
+    return (draft, "hybrid") if draft is not None else (None, "ngram")
 
 
 def choose_drafter(target: str, draft: str | None, drafter: DrafterName | None) -> tuple[str | None, DrafterName]:

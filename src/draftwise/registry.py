@@ -123,6 +123,13 @@ DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT: str | None = "qwen2.5-coder-0.5b"  # None = the n-gram drafter
 
 
+def paired_draft(target: str) -> str | None:
+    """The draft model the registry pairs with ``target``; None where it pairs the n-gram
+    drafter or does not know the target."""
+    entry = REGISTRY.get(target)
+    return None if entry is None or entry.draft in (None, "ngram") else entry.draft
+
+
 def lookup(name: str, registry: dict[str, PackagedModel] | None = None) -> PackagedModel:
     registry = REGISTRY if registry is None else registry
     try:

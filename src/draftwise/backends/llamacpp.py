@@ -44,21 +44,62 @@ from draftwise.registry import derived_path
 BATCH = 512  # tokens per llama_decode call of a single sequence; a longer prefill runs in pieces
 # Each sequence's KV cells stay in the order of its positions (patch 0004: attention sums its
 # cells in cell order), however the streams of a batched context, a draft model forked from
-# the target among them, interleave and roll back. Always, unless the user says otherwise: it
-# only chooses which free cell a row takes, and without it a 2-core AMD EPYC (AVX2) saw the
-# target drafting for itself kept at 78% rather than 100%, and a stream beside three others
-# part from its output alone at a 0.34-logit gap.
-KV_ORDER = {"LLAMA_KV_ORDERED": "1"}
-# The switches for ModelOptions.exact (docs/exactness.md): the tiled kernels that ggml takes
-# for passes of 8 rows and more (K-quant matrix products) and of 64 and more (attention), and
-# the split of one row's attention over the KV cache, round unlike one-token decoding: off.
-# And the KV cells in order, whatever the user's environment says.
-EXACT_SWITCHES = {
-    "GGML_CPU_TILED_MM": "0",
-    "GGML_CPU_FA_TILED": "0",
-    "GGML_CPU_FA_SPLIT_KV": "0",
-    **KV_ORDER,
-}
+# the target among them, interleave and roll back. Always, unless the user's LLAMA_KV_ORDERED=0
+# says otherwise (not under ModelOptions.exact): it only chooses which free cell a row takes,
+# and without it a 2-core AMD EPYC (AVX2) saw the target drafting for itself kept at 78% rather
+# than 100%, and a stream beside three others part from its output alone at a 0.34-logit gap.
+KV_ORDERED = "LLAMA_KV_ORDERED"
+
+
+def kv_ordered(exact: bool) -> bool:
+    """Whether KV cells are kept in position order: always under ``exact``, else unless the
+    user's ``LLAMA_KV_ORDERED`` is ``0`` (as patch 0004 reads the variable)."""
+    return exact or os.environ.get(KV_ORDERED, "1") != "0"
+
+
+class PatchSwitches:
+    """Patch 0007's two switches, through ctypes on the libllama llama-cpp-python loaded (whose
+    handle finds libggml-cpu's symbols too; see ``llamacpp_kernels.ggml_switch``). Each is read
+    at every pass, so it may be set after a load."""
+
+    NAMES = ("ggml_cpu_row_invariant", "ggml_cpu_set_row_invariant", "llama_kv_set_ordered")
+
+    def __init__(self, llama: ctypes.CDLL) -> None:
+        self._marker = llama.ggml_cpu_row_invariant
+        self._invariant = llama.ggml_cpu_set_row_invariant
+        self._invariant.argtypes, self._invariant.restype = [ctypes.c_int], None
+        self._is_invariant = llama.ggml_cpu_get_row_invariant
+        self._is_invariant.argtypes, self._is_invariant.restype = [], ctypes.c_int
+        self._ordered = llama.llama_kv_set_ordered
+        self._ordered.argtypes, self._ordered.restype = [ctypes.c_int32], None
+        self._is_ordered = llama.llama_kv_get_ordered
+        self._is_ordered.argtypes, self._is_ordered.restype = [], ctypes.c_bool
+
+    @classmethod
+    def of(cls, llama: ctypes.CDLL) -> PatchSwitches | None:
+        """The switches, or None for a llama.cpp built without draftwise's patches."""
+        return cls(llama) if all(hasattr(llama, name) for name in cls.NAMES) else None
+
+    def covered(self) -> bool:
+        """Whether the patches cover this CPU family (patch 0003's marker)."""
+        return bool(self._marker())
+
+    def row_invariant(self, on: bool | None = None) -> bool:
+        """Every pass on one path for any number of rows (``--exact``'s kernels: no tiled
+        matrix product or attention, no split of one row's attention); sets it where ``on`` is
+        given, and returns the setting in force."""
+        if on is not None:
+            self._invariant(int(on))
+        return bool(self._is_invariant())
+
+    def kv_ordered(self, on: bool | None = None) -> bool:
+        """Each sequence's KV cells in position order; sets it where ``on`` is given, and
+        returns the setting in force."""
+        if on is not None:
+            self._ordered(int(on))
+        return bool(self._is_ordered())
+
+
 # File types whose weights ggml repacks on x86 into kernels that draftwise's patches do not
 # make row-invariant (patches/llama.cpp covers Q4_K).
 NOT_ROW_INVARIANT = frozenset({"Q4_0", "IQ4_NL", "MXFP4_MOE", "Q2_K", "Q2_K_S"})
@@ -98,20 +139,21 @@ class _Library:
         # Which kernels run repacked matrices (llamacpp_kernels): fixed with the first model
         # loaded, the rows from which prompt pieces run the stock ones timed on the first target.
         self.kernels = KernelChoice()
+        self.switches = PatchSwitches.of(llama_cpp.llama_cpp._lib)
 
     def run_exact(self, exact: bool, gpu: bool = False) -> None:
         """Fix whether this process's passes are row-invariant (``ModelOptions.exact``), and
         whether its repacked matrices keep their file layout too (not with ``exact`` or on the
-        ``gpu``); KV cells in position order either way (``KV_ORDER``). ggml reads its switches
-        once, so the first model loaded decides."""
+        ``gpu``); KV cells in position order either way (``kv_ordered``). ggml fixes its
+        weights' layouts at the first load, so the first model loaded decides."""
         if self.exact is None:
-            for name, value in KV_ORDER.items():
-                os.environ.setdefault(name, value)
             if exact:
                 missing = self.missing_row_invariance()
                 if missing:
                     raise ModelLoadError(f"--exact needs row-invariant kernels: {missing}")
-                os.environ.update(EXACT_SWITCHES)
+            if self.switches is not None:
+                self.switches.row_invariant(exact)
+                self.switches.kv_ordered(kv_ordered(exact))
             self.exact = exact
             self.kernels = keep_layouts(exact, gpu, ggml_switch(self.api.llama_cpp._lib))
         elif self.exact != exact:
@@ -126,20 +168,15 @@ class _Library:
         return Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(self.api.__file__).parent / "lib")
 
     def missing_row_invariance(self) -> str | None:
-        """What keeps this llama.cpp from row-invariant passes, or None: the marker that
-        draftwise's patches add to ggml's CPU backend, the ordered KV cells they add to
-        libllama, and the CPU family they cover."""
-        library_dir = self.library_dir()
-        found = sorted(library_dir.glob("*ggml-cpu*"))
-        marker = getattr(ctypes.CDLL(str(found[0])), "ggml_cpu_row_invariant", None) if found else None
-        llama = sorted(library_dir.glob("libllama*"))
-        # the switch's name is in libllama's text only where patch 0004 was built in
-        if marker is None or not llama or b"LLAMA_KV_ORDERED" not in llama[0].read_bytes():
+        """What keeps this llama.cpp from row-invariant passes, or None: the switches that
+        draftwise's patches add to ggml's CPU backend and to libllama, and the CPU family they
+        cover."""
+        if self.switches is None:
             return (
                 "this llama-cpp-python was built without draftwise's patches (patches/llama.cpp); "
                 "reinstall it with scripts/install_llama_cpp.sh (make setup does)"
             )
-        if not marker():
+        if not self.switches.covered():
             return f"draftwise's patches cover x86-64 CPUs, not {platform.machine()}"
         return None
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from draftwise.config import DRAFTER_KINDS, NEEDS_DRAFT_MODEL, DrafterKind, GenerationConfig, ModelOptions
 from draftwise.errors import DraftwiseError
+from draftwise.registry import paired_draft
 from draftwise.scale import BenchWorkers
 
 # draftwise's own methods are plain decoding ("baseline") and one per drafter that drafts
@@ -55,14 +56,26 @@ class BenchError(DraftwiseError, ValueError):
     """A bench setting that cannot work; the message says why."""
 
 
+def with_paired_draft(data: Any, config: type[BaseModel]) -> Any:
+    """A config's fields (before validation) with ``draft`` taken from the registry's pairing
+    for ``target`` where none was given: the rule ``draftwise generate`` and ``serve`` follow
+    (``draftwise.prepare.choose_drafter``)."""
+    if not isinstance(data, dict) or data.get("draft") is not None:
+        return data
+    target = data.get("target", config.model_fields["target"].default)
+    return {**data, "draft": paired_draft(target)} if isinstance(target, str) else data
+
+
 class BenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     target: str = Field(
         "qwen2.5-coder-1.5b", description="target model: registry name, .gguf file, folder or tiny:SEED"
     )
-    draft: str = Field(
-        "qwen2.5-coder-0.5b", description="draft model of the methods that draft with a model (model, hybrid, anchors)"
+    draft: str | None = Field(
+        None,
+        description="draft model of the methods that draft with a model (model, hybrid, anchors); "
+        "default: the registry's draft for the target",
     )
     methods: tuple[MethodName, ...] = Field(
         ("baseline", "model", "ngram", "hybrid"),
@@ -95,6 +108,11 @@ class BenchConfig(BaseModel):
         None, description="run the prompts on Ray workers (draftwise bench --ray); None = in this process"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _paired_draft(cls, data: Any) -> Any:
+        return with_paired_draft(data, cls)
+
     @field_validator("methods")
     @classmethod
     def _with_reference(cls, methods: tuple[MethodName, ...]) -> tuple[MethodName, ...]:
@@ -114,6 +132,15 @@ class BenchConfig(BaseModel):
             raise ValueError(
                 f"--sweep runs the drafting methods ({', '.join(DRAFTER_KINDS)}) again at each draft length; "
                 "--methods names none"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _a_draft_where_needed(self) -> BenchConfig:
+        if self.draft is None and self.needs_draft_model:
+            drafting = ", ".join(m for m in self.methods if m in METHODS_WITH_DRAFT_MODEL)
+            raise ValueError(
+                f"{drafting} draft with a model, and none is known for {self.target}: name one with --draft"
             )
         return self
 

@@ -28,10 +28,11 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from draftwise.bench.config import SPEC_BENCH
+from draftwise.bench.config import SPEC_BENCH, with_paired_draft
 from draftwise.bench.dataset import load_prompts
 from draftwise.bench.runner import PromptBuilder
 from draftwise.config import CostPolicyConfig, DraftConfig, GenerationConfig, ModelOptions
@@ -57,7 +58,10 @@ class ReplayConfig(BaseModel):
     recording: Path | None = Field(None, description="replay this recording (default: the one --record writes)")
     hosts: tuple[Path, ...] = Field((), description="host profiles to replay on (JSON, as tests/data/hosts)")
     target: str = Field("qwen2.5-coder-1.5b", description="target model, for --record")
-    draft: str = Field("qwen2.5-coder-0.5b", description="draft model, for --record (the hybrid drafter's)")
+    draft: str | None = Field(
+        None,
+        description="draft model, for --record (the hybrid drafter's); default: the registry's draft for the target",
+    )
     data: str = Field(SPEC_BENCH, description="'spec_bench' (packaged) or a JSONL file of prompts, for --record")
     limit: int | None = Field(None, ge=1, description="prompts per subtask, for --record")
     max_new_tokens: int = Field(128, ge=1, le=4096, description="tokens decoded per prompt, for --record")
@@ -66,6 +70,11 @@ class ReplayConfig(BaseModel):
         description="NAME=V1,V2,...: replay the cost policy with each value of one of its settings "
         "(DraftConfig.cost: allowance, opening, growth, ...) beside plain and the best fixed configuration",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paired_draft(cls, data: Any) -> Any:
+        return with_paired_draft(data, cls)
 
     @field_validator("vary")
     @classmethod
@@ -294,7 +303,10 @@ def record_prompts(config: ReplayConfig, models: ModelOptions, log: Callable[[st
     prompts = load_prompts(config.data, None, config.limit)
     target, draft = load_pair(config.target, config.draft, models, log=log)
     if draft is None or target.tokenizer is None:
-        raise ConfigError("replay --record needs a draft model and a target with a tokenizer")
+        raise ConfigError(
+            f"replay --record needs a draft model (none is known for {config.target}: name one with --draft) "
+            "and a target with a tokenizer"
+        )
     builder = PromptBuilder(target.tokenizer, True)
     generation = GenerationConfig(max_new_tokens=config.max_new_tokens)
     with config.record.open("w") as out:

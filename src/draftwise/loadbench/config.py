@@ -18,8 +18,7 @@ from draftwise.bench.anchor_settings import spec_draft_max
 from draftwise.config import DraftConfig, DrafterName, GenerationConfig, ModelOptions
 from draftwise.cpu import default_threads
 from draftwise.errors import ConfigError, whole_numbers
-from draftwise.prepare import recommended
-from draftwise.registry import DEFAULT_TARGET
+from draftwise.registry import DEFAULT_TARGET, paired_draft
 
 ServerName = Literal[
     "draftwise",
@@ -76,12 +75,6 @@ def parse_servers(text: str) -> tuple[str, ...]:
         got = ", ".join(unknown) if unknown else "nothing"
         raise LoadError(f"--servers: unknown server {got}; choose from {', '.join(SERVERS)}")
     return names
-
-
-def recommended_draft(target: str) -> str | None:
-    """The draft model the registry recommends for ``target`` (what ``draftwise serve`` loads
-    when given none); None where it recommends the n-gram drafter or knows no such target."""
-    return recommended(target)[0]
 
 
 class LoadConfig(BaseModel):
@@ -171,7 +164,7 @@ class LoadConfig(BaseModel):
 
     @property
     def draft_model(self) -> str | None:
-        return self.draft if self.draft is not None else recommended_draft(self.target)
+        return self.draft if self.draft is not None else paired_draft(self.target)
 
     @property
     def threads(self) -> int:
