@@ -22,9 +22,8 @@ from draftwise.config import DraftConfig, GrammarSpec, SamplingConfig
 from draftwise.constrained import Constrained
 from draftwise.constraint import REASON_CHARS, GrammarDeadEnd, GrammarError, llguidance_reason
 from draftwise.drafters import ModelDrafter, NGramDrafter, Proposal, build_drafter
-from draftwise.engine import grammars_of
 from draftwise.events import GRAMMAR
-from draftwise.grammar import Grammars
+from draftwise.grammar import Grammars, grammars_of
 from draftwise.lm import drive, ready
 from draftwise.offers import PLAIN, Choice
 from draftwise.target import LocalTarget

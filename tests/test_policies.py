@@ -29,7 +29,13 @@ def step(
 ) -> Outcome:
     """The outcome of a step that asked ``offer`` for ``k`` tokens (0: a plain step)."""
     choice = Choice(offer, k) if k else PLAIN
-    return Outcome(choice, k if proposed is None else proposed, accepted, draft_s, verify_s)
+    return Outcome(
+        choice,
+        n_proposed=k if proposed is None else proposed,
+        n_accepted=accepted,
+        draft_seconds=draft_s,
+        verify_seconds=verify_s,
+    )
 
 
 def test_fixed_never_changes():
@@ -122,7 +128,16 @@ def simulate(policy, offer, rates, curve_ms, steps, draft_ms=0.0, seed=3, slow=1
         verify = slow * times.at(others + choice.k + 1)
         draft = choice.k * draft_ms / 1000
         shared = PassInfo(others + choice.k + 1, verify, others + 1) if others else None
-        policy.update(Outcome(choice, choice.k, kept, draft, verify, pass_info=shared))
+        policy.update(
+            Outcome(
+                choice,
+                n_proposed=choice.k,
+                n_accepted=kept,
+                draft_seconds=draft,
+                verify_seconds=verify,
+                pass_info=shared,
+            )
+        )
         ks.append(choice.k)
         seconds, tokens = seconds + draft + verify, tokens + others + kept + 1
     return ks, seconds, tokens
@@ -310,7 +325,8 @@ def test_pass_times_interpolate_between_measured_sizes_and_extend_the_last_segme
 def _shared_pass(rows: int, seconds: float, streams: int | None = None) -> Outcome:
     """A plain step's outcome whose pass held ``rows`` rows, all but one other streams' (of
     ``streams`` streams in all; by default a stream a row)."""
-    return Outcome(PLAIN, 0, 0, 0.0, seconds, pass_info=PassInfo(rows, seconds, streams or rows))
+    info = PassInfo(rows, seconds, streams or rows)
+    return Outcome(PLAIN, n_proposed=0, n_accepted=0, draft_seconds=0.0, verify_seconds=seconds, pass_info=info)
 
 
 def test_passes_shared_with_other_streams_make_a_curve_of_their_own():
@@ -438,10 +454,19 @@ def test_only_the_tokens_after_the_forced_ones_count_for_the_source():
 
 def test_the_draft_models_own_passes_price_its_tokens_not_the_rounds_it_waited():
     profile = CostProfile()
-    outcome = Outcome(Choice(DRAFT_MODEL, 4), 4, 2, 0.8, 0.1, draft_pass_seconds=0.04)
+    outcome = Outcome(
+        Choice(DRAFT_MODEL, 4),
+        n_proposed=4,
+        n_accepted=2,
+        draft_seconds=0.8,
+        verify_seconds=0.1,
+        draft_pass_seconds=0.04,
+    )
     profile.learn(outcome)  # 0.8 s waited across rounds, 0.04 s of its own passes
     assert profile.draft_token_seconds["model"] == pytest.approx(0.01)
-    profile.learn(Outcome(Choice(LOOKUP, 2), 2, 2, 0.002, 0.1))  # no model: the wall time stands
+    profile.learn(
+        Outcome(Choice(LOOKUP, 2), n_proposed=2, n_accepted=2, draft_seconds=0.002, verify_seconds=0.1)
+    )  # no model: the wall time stands
     assert profile.draft_token_seconds["ngram"] == pytest.approx(0.001)
 
 

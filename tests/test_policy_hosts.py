@@ -59,7 +59,17 @@ def decode(policy: DraftPolicy, truth: CostProfile, sources: list[Source], token
                 catchup = behind * truth.catchup_token_seconds[source.offer.source]
         verify = truth.pass_times.at(choice.k + 1) or 0.0
         caught_up = bool(catchup) or (source is not None and source.offer.passes)
-        policy.update(Outcome(choice, choice.k, kept, draft, verify, catchup, behind if catchup else 0))
+        fed = behind if catchup else 0
+        outcome = Outcome(
+            choice,
+            n_proposed=choice.k,
+            n_accepted=kept,
+            draft_seconds=draft,
+            verify_seconds=verify,
+            catchup_seconds=catchup,
+            catchup_tokens=fed,
+        )
+        policy.update(outcome)
         seconds += draft + catchup + verify
         emitted += kept + 1
         behind = 0 if caught_up else behind + kept + 1

@@ -176,7 +176,9 @@ def test_metrics_count_kept_tokens_by_source():
 
 
 def _outcome(offer: Offer, proposed: int, accepted: int) -> Outcome:
-    return Outcome(Choice(offer, proposed), proposed, accepted, 0.0, 0.01)
+    return Outcome(
+        Choice(offer, proposed), n_proposed=proposed, n_accepted=accepted, draft_seconds=0.0, verify_seconds=0.01
+    )
 
 
 def test_a_grounded_source_earns_long_blocks_by_its_run():

@@ -22,7 +22,7 @@ from draftwise.constraint import Constraint, Triggered
 from draftwise.drafters import EMPTY_PROPOSAL, Drafter, Proposal, model_drafter, text_bridge
 from draftwise.errors import ContextLengthError, TargetError
 from draftwise.events import NO_TOKEN, StepEvent
-from draftwise.grammar import Grammars
+from draftwise.grammar import Grammars, grammars_of
 from draftwise.lm import Forward, LanguageModel, Tokenizer, run_alone
 from draftwise.metrics import GenerationMetrics
 from draftwise.offers import PLAIN, Choice, Outcome
@@ -139,14 +139,14 @@ class _Run:
         self.policy.update(
             Outcome(
                 choice,
-                len(proposal),
-                verdict.n_accepted,
-                draft_seconds - proposal.catchup_seconds,
-                verify_seconds,
-                proposal.catchup_seconds,
-                proposal.catchup_tokens,
-                check.pass_info,
-                proposal.pass_seconds,
+                n_proposed=len(proposal),
+                n_accepted=verdict.n_accepted,
+                draft_seconds=draft_seconds - proposal.catchup_seconds,
+                verify_seconds=verify_seconds,
+                catchup_seconds=proposal.catchup_seconds,
+                catchup_tokens=proposal.catchup_tokens,
+                pass_info=check.pass_info,
+                draft_pass_seconds=proposal.pass_seconds,
             )
         )
         event = StepEvent(
@@ -371,13 +371,6 @@ class SpeculativeEngine:
         """Generate to the end and return tokens, text and metrics."""
         prompt_ids = self.encode(prompt)
         return GenerationResult.from_events(prompt_ids, list(self.stream(prompt_ids, config)))
-
-
-def grammars_of(target: LanguageModel) -> Grammars | None:
-    """The grammar compiler of ``target``'s vocabulary; None for a model without a tokenizer."""
-    if target.tokenizer is None:
-        return None
-    return Grammars(target.tokenizer, target.vocab_size, target.eos_token_ids)
 
 
 def autoregressive(target: LanguageModel) -> SpeculativeEngine:

@@ -35,7 +35,7 @@ from typing import Any
 
 from draftwise.config import GrammarSpec
 from draftwise.constraint import Constraint, GrammarError, Triggered, llguidance_reason
-from draftwise.lm import Tokenizer
+from draftwise.lm import LanguageModel, Tokenizer
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_JSON_OBJECT = {"type": "object"}
@@ -291,3 +291,10 @@ def _first_steps(matcher: Any, vocabulary: Any) -> str | None:
     if not any(mask) and not matcher.is_accepting():
         return "no text can complete it"
     return None
+
+
+def grammars_of(target: LanguageModel) -> Grammars | None:
+    """The grammar compiler of ``target``'s vocabulary; None for a model without a tokenizer."""
+    if target.tokenizer is None:
+        return None
+    return Grammars(target.tokenizer, target.vocab_size, target.eos_token_ids)

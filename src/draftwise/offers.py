@@ -9,7 +9,7 @@ policy it has (``draftwise.policies``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from draftwise.lm import PassInfo
 
@@ -67,9 +67,10 @@ PLAIN = Choice(None, 0)
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a step did and cost, as the policy learns it."""
+    """What a step did and cost, as the policy learns it; named fields after ``choice``."""
 
     choice: Choice
+    _: KW_ONLY
     n_proposed: int
     n_accepted: int
     draft_seconds: float  # drafting, as the stream waited for it: catching up is ``catchup_seconds``

@@ -25,10 +25,10 @@ from typing import Any, cast
 from draftwise.api.monitoring import ServerMetrics
 from draftwise.config import DrafterName, GenerationConfig, PacingConfig
 from draftwise.drafters import Drafter, Sources, build_drafter, text_bridge
-from draftwise.engine import PreparedRun, SpeculativeEngine, grammars_of
+from draftwise.engine import PreparedRun, SpeculativeEngine
 from draftwise.errors import DraftwiseError
 from draftwise.events import StepEvent
-from draftwise.grammar import Grammars
+from draftwise.grammar import Grammars, grammars_of
 from draftwise.lm import LanguageModel, Tokenizer, cached_start
 from draftwise.prediction import encode_prediction
 from draftwise.profile import CostProfile

@@ -196,9 +196,28 @@ def replay(rec: Recording, policy: DraftPolicy, host: CostProfile, sources: Iter
         kept = _kept(block, rec.continuation[i : i + len(block)])
         passes = choice.offer is not None and choice.offer.passes and bool(block)
         fed = behind if passes and behind > ModelDrafter.CATCHUP else 0  # a few ride in the first draft pass
-        draft, catchup, verify = host.price(Outcome(choice, len(block), kept, 0.0, 0.0, catchup_tokens=fed))
+        draft, catchup, verify = host.price(
+            Outcome(
+                choice,
+                n_proposed=len(block),
+                n_accepted=kept,
+                draft_seconds=0.0,
+                verify_seconds=0.0,
+                catchup_tokens=fed,
+            )
+        )
         fed = fed if catchup else 0
-        policy.update(Outcome(choice, len(block), kept, draft, verify, catchup, fed))
+        policy.update(
+            Outcome(
+                choice,
+                n_proposed=len(block),
+                n_accepted=kept,
+                draft_seconds=draft,
+                verify_seconds=verify,
+                catchup_seconds=catchup,
+                catchup_tokens=fed,
+            )
+        )
         emitted = min(kept + 1, total - i)
         seconds, steps, i = seconds + catchup + draft + verify, steps + 1, i + emitted
         behind = 0 if passes else behind + emitted

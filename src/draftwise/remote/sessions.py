@@ -29,8 +29,9 @@ from pydantic import ValidationError
 from draftwise.config import GenerationConfig, GrammarSpec, SamplingConfig
 from draftwise.constraint import Constraint, GrammarDeadEnd, GrammarError, Triggered
 from draftwise.drafters import Proposal
-from draftwise.engine import grammars_of, seeded_generators
+from draftwise.engine import seeded_generators
 from draftwise.errors import DraftwiseError, SlotsFullError, validation_message
+from draftwise.grammar import grammars_of
 from draftwise.lm import LanguageModel
 from draftwise.profile import CostProfile
 from draftwise.remote.protocol import (
