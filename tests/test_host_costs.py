@@ -96,7 +96,10 @@ def test_a_broken_profile_is_one_line_before_anything_loads(tmp_path):
         read_host(tmp_path / "no-unit.json")
 
 
-@pytest.mark.parametrize("command", [["bench", "--target", "tiny:0", "--draft", "tiny:1"], ["load", "--target", "tiny:0"]])
+BENCH_ON_TINY = ["bench", "--target", "tiny:0", "--draft", "tiny:1"]
+
+
+@pytest.mark.parametrize("command", [BENCH_ON_TINY, ["load", "--target", "tiny:0"]])
 def test_the_benchmarks_time_this_machine(tmp_path, command):
     path = _profile(tmp_path, "host", {1: 50.0}, 10.0)
     done = run_cli_here(*command, "--costs", path)
