@@ -62,7 +62,13 @@ class PatchSwitches:
     handle finds libggml-cpu's symbols too; see ``llamacpp_kernels.ggml_switch``). Each is read
     at every pass, so it may be set after a load."""
 
-    NAMES = ("ggml_cpu_row_invariant", "ggml_cpu_set_row_invariant", "llama_kv_set_ordered")
+    NAMES = (
+        "ggml_cpu_row_invariant",
+        "ggml_cpu_set_row_invariant",
+        "ggml_cpu_get_row_invariant",
+        "llama_kv_set_ordered",
+        "llama_kv_get_ordered",
+    )
 
     def __init__(self, llama: ctypes.CDLL) -> None:
         self._marker = llama.ggml_cpu_row_invariant
