@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from draftwise.backends import llamacpp
+from draftwise.backends.llamacpp_kernels import PatchSwitches
 from draftwise.registry import REGISTRY, model_path
 
 from real_support import (
@@ -124,7 +125,7 @@ def test_a_llama_cpp_without_the_patches_is_named(monkeypatch):
     class Stock:  # a libllama with no switches of draftwise's patches
         ggml_cpu_row_invariant = None
 
-    assert llamacpp.PatchSwitches.of(Stock()) is None  # type: ignore[arg-type]
+    assert PatchSwitches.of(Stock()) is None  # type: ignore[arg-type]
     monkeypatch.setattr(llamacpp.library(), "switches", None)
     missing = llamacpp.library().missing_row_invariance()
     assert missing is not None and "built without draftwise's patches" in missing

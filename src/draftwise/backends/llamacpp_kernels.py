@@ -22,6 +22,10 @@ Not under ``--exact``: its row invariance is the repacked kernels'. Not where th
 layers. The user's ``GGML_CPU_REPACK_FROM_ROWS``, where set, stands untimed: empty, ggml keeps
 no copy and the repacked kernels run everything, as in stock llama.cpp; a number, the rows
 from which prompt pieces run the stock kernels.
+
+The other switches of draftwise's patches live here too (``PatchSwitches``, patch 0007):
+``--exact``'s single path for passes of any size, and the KV cells in position order, set
+through calls rather than the process's environment.
 """
 
 from __future__ import annotations
@@ -127,3 +131,67 @@ def keep_layouts(exact: bool, gpu: bool, switch: GgmlSwitch | None) -> KernelCho
         return KernelChoice(switch, stock_rows=int(rows) if rows.isdigit() else 0, copies=bool(rows))
     kept = switch.keep_layouts(True)
     return KernelChoice(switch, timed=kept, stock_rows=None, copies=kept)
+
+
+# Each sequence's KV cells stay in the order of its positions (patch 0004: attention sums its
+# cells in cell order), however the streams of a batched context, a draft model forked from
+# the target among them, interleave and roll back. Always, unless the user's LLAMA_KV_ORDERED=0
+# says otherwise (not under ModelOptions.exact): it only chooses which free cell a row takes,
+# and without it a 2-core AMD EPYC (AVX2) saw the target drafting for itself kept at 78% rather
+# than 100%, and a stream beside three others part from its output alone at a 0.34-logit gap.
+KV_ORDERED = "LLAMA_KV_ORDERED"
+
+
+def kv_ordered(exact: bool) -> bool:
+    """Whether KV cells are kept in position order: always under ``exact``, else unless the
+    user's ``LLAMA_KV_ORDERED`` is ``0`` (as patch 0004 reads the variable)."""
+    return exact or os.environ.get(KV_ORDERED, "1") != "0"
+
+
+class PatchSwitches:
+    """Patch 0007's two switches, through ctypes on the libllama llama-cpp-python loaded (whose
+    handle finds libggml-cpu's symbols too; see ``ggml_switch``). Each is read
+    at every pass, so it may be set after a load."""
+
+    NAMES = (
+        "ggml_cpu_row_invariant",
+        "ggml_cpu_set_row_invariant",
+        "ggml_cpu_get_row_invariant",
+        "llama_kv_set_ordered",
+        "llama_kv_get_ordered",
+    )
+
+    def __init__(self, llama: ctypes.CDLL) -> None:
+        self._marker = llama.ggml_cpu_row_invariant
+        self._invariant = llama.ggml_cpu_set_row_invariant
+        self._invariant.argtypes, self._invariant.restype = [ctypes.c_int], None
+        self._is_invariant = llama.ggml_cpu_get_row_invariant
+        self._is_invariant.argtypes, self._is_invariant.restype = [], ctypes.c_int
+        self._ordered = llama.llama_kv_set_ordered
+        self._ordered.argtypes, self._ordered.restype = [ctypes.c_int32], None
+        self._is_ordered = llama.llama_kv_get_ordered
+        self._is_ordered.argtypes, self._is_ordered.restype = [], ctypes.c_bool
+
+    @classmethod
+    def of(cls, llama: ctypes.CDLL) -> PatchSwitches | None:
+        """The switches, or None for a llama.cpp built without draftwise's patches."""
+        return cls(llama) if all(hasattr(llama, name) for name in cls.NAMES) else None
+
+    def covered(self) -> bool:
+        """Whether the patches cover this CPU family (patch 0003's marker)."""
+        return bool(self._marker())
+
+    def row_invariant(self, on: bool | None = None) -> bool:
+        """Every pass on one path for any number of rows (``--exact``'s kernels: no tiled
+        matrix product or attention, no split of one row's attention); sets it where ``on`` is
+        given, and returns the setting in force."""
+        if on is not None:
+            self._invariant(int(on))
+        return bool(self._is_invariant())
+
+    def kv_ordered(self, on: bool | None = None) -> bool:
+        """Each sequence's KV cells in position order; sets it where ``on`` is given, and
+        returns the setting in force."""
+        if on is not None:
+            self._ordered(int(on))
+        return bool(self._is_ordered())
