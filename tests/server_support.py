@@ -61,3 +61,34 @@ def metric(url: str, name: str, **labels: str) -> float:
             if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     return 0.0
+
+
+class HeldLM:
+    """A model whose passes stop at a gate once ``hold_after(n)`` has let ``n`` more through,
+    until ``release()``: a test acts on a generation still running, however slow its machine.
+    The gate opens by itself after ``limit`` seconds, so a failing test cannot hang."""
+
+    def __init__(self, lm: Any, limit: float = 60.0) -> None:
+        self.lm = lm
+        self.limit = limit
+        self.passes = 0
+        self.allowed: int | None = None
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.lm, name)
+
+    def hold_after(self, n: int) -> None:
+        self.passes, self.allowed = 0, n
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.allowed = None
+        self.gate.set()
+
+    def forward(self, tokens: Any, last: int | None = None) -> Any:
+        if self.allowed is not None and self.passes >= self.allowed:
+            self.gate.wait(self.limit)
+        self.passes += 1
+        return self.lm.forward(tokens, last)

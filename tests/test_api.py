@@ -26,7 +26,7 @@ from draftwise.config import GenerationConfig, GrammarSpec  # noqa: E402
 from draftwise.engine import autoregressive  # noqa: E402
 from draftwise.prepare import Pair  # noqa: E402
 
-from server_support import serve_in_background, wait_for  # noqa: E402
+from server_support import HeldLM, serve_in_background, wait_for  # noqa: E402
 
 MODEL = "tiny:0"
 PROMPT = "Once upon a time"
@@ -343,10 +343,14 @@ def test_a_slot_reuses_the_prompt_start_it_holds(tiny_target):
 
 def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
     """One slot, one waiting place: the third request is refused; closing the streams
-    stops their generations early, which /metrics shows."""
-    for url in _serve(tiny_target, slots=1, queue_size=1, retry_after=3):
+    stops their generations early, which /metrics shows. The running generation is held
+    after its first few passes until both streams are closed, so it cannot finish first."""
+    held = HeldLM(tiny_target.fork())
+    app = create_app(ServerSettings(target=MODEL, slots=1, queue_size=1, retry_after=3), Pair(held, None))
+    with serve_in_background(app) as url:
         client = _client(url)
         long = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "temperature": 0, "stream": True}
+        held.hold_after(3)  # the prompt's pass, then two steps: the first text is out
         running = client.completions.create(**long)
         next(iter(running))  # the first slot is generating
         waiting = client.completions.create(**long)
@@ -360,11 +364,14 @@ def test_queue_overflow_429_and_disconnect_cancels(tiny_target):
 
         running.close()
         waiting.close()
+        cancelled = ("draftwise_generations_cancelled_total", (("reason", "disconnect"),))
+        wait_for(lambda: _metrics(url).get(cancelled, 0) == 1)
+        held.release()  # the queued one was counted at its close; the running one ends at its next round
 
         def all_cancelled() -> bool:
             m = _metrics(url)
             return (
-                m.get(("draftwise_generations_cancelled_total", (("reason", "disconnect"),)), 0) == 2
+                m.get(cancelled, 0) == 2
                 and m[("draftwise_active_generations", ())] == 0
                 and m[("draftwise_queue_depth", ())] == 0
             )

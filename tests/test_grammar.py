@@ -238,6 +238,21 @@ def test_masks_past_a_refused_token_allow_nothing_and_leave_the_grammar_whole(gr
     assert constraint.forced() == [d]
 
 
+def test_a_block_that_completes_the_grammar_is_walked_back_whole(grammars, tiny_target):
+    # The matcher stops once "a c d" completes the grammar, and takes the end token after
+    # that without keeping it: walked back by the block's length, it would lose "a" too, and
+    # refuse the "b" the target samples instead of the drafted "c".
+    a, b, c, d = (ids(tiny_target.tokenizer, ch)[0] for ch in "abcd")
+    eos = tiny_target.eos_token_ids[0]
+    constraint = grammars.constraint(regex("a(b|c)d"))
+    constraint.commit([a])
+    rows = constraint.masks([c, d, eos])
+    assert [allowed(r) for r in rows[:3]] == [{b, c}, {d}, {eos}]
+    assert constraint.cut([c, d, eos]) == 3
+    constraint.commit([b])
+    assert constraint.forced() == [d]
+
+
 def test_a_grammar_is_compiled_once_and_each_stream_gets_its_own_state(tiny_target, monkeypatch):
     built = count_compiles(monkeypatch)
     grammars = grammars_of(tiny_target)  # a fresh table: nothing compiled yet

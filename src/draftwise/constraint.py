@@ -108,22 +108,44 @@ class Constraint:
 
     def cut(self, tokens: Sequence[int], after: Sequence[int] = ()) -> int:
         """How many of ``tokens`` the grammar allows in a row from here (once ``after`` is committed too)."""
-        if not len(tokens) or not self._enter(after):
+        entered = self._enter(after) if len(tokens) else None
+        if entered is None:
             self._alive()
             return 0
         try:
             return int(self.matcher.validate_tokens(list(tokens)))
         finally:
-            self._leave(after)
+            self._leave(entered)
             self._alive()
 
-    def _enter(self, tokens: Sequence[int]) -> bool:
-        """Follow ``tokens`` for a moment (``_leave`` undoes it); whether the grammar took them."""
-        return not tokens or bool(self.matcher.consume_tokens([int(t) for t in tokens]))
+    def _enter(self, tokens: Sequence[int]) -> int | None:
+        """Follow ``tokens`` for a moment (``_leave(n)`` undoes it, ``n`` returned here), or
+        None where the grammar does not take them all (then nothing is followed)."""
+        tokens = [int(t) for t in tokens]
+        if self.matcher.validate_tokens(tokens) < len(tokens):
+            return None
+        return self._follow(tokens)
 
-    def _leave(self, tokens: Sequence[int]) -> None:
-        if tokens:
-            self.matcher.rollback(len(tokens))
+    def _follow(self, tokens: Sequence[int]) -> int:
+        """Consume ``tokens``, each one the grammar takes, and return how many the matcher's
+        history holds: a rollback must undo that many, no more. A stopped matcher takes its
+        end token without keeping it (llguidance), so nothing is fed once it has stopped.
+
+        Example: JSON schema, committed ``{"ok": ``, block ``f a l s e } <eos>``: the
+        matcher has stopped after ``}``; 6 are followed and rolled back, not 7, which would
+        undo the space after the colon too.
+        """
+        followed = 0
+        for token in tokens:
+            if self.matcher.is_stopped():
+                break
+            self.matcher.consume_token(int(token))
+            followed += 1
+        return followed
+
+    def _leave(self, followed: int) -> None:
+        if followed:
+            self.matcher.rollback(followed)
 
     def masks(self, block: Sequence[int], after: Sequence[int] = ()) -> torch.Tensor:  # [k + 1, W] int32
         """The allowed tokens at each row a verification of ``block`` scores (row i: after
@@ -135,23 +157,24 @@ class Constraint:
         block ``[a]``: row 0 allows ``a`` only, row 1 allows ``b`` and ``c``.
         """
         bits = np.zeros((len(block) + 1, self.words), dtype=np.int32)
-        if not self._enter(after):
+        entered = self._enter(after)
+        if entered is None:
             raise self._dead_end()
         # Only what the grammar takes is walked: a refused token would leave the matcher broken.
         tokens = [int(t) for t in block]
         valid = tokens[: self.matcher.validate_tokens(tokens)] if tokens else []
+        followed = 0
         for i in range(len(valid) + 1):
             row = bits[i]
             self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
             if i < len(valid):
-                self.matcher.consume_token(valid[i])
+                followed += self._follow(valid[i : i + 1])
         # A limit hit anywhere on the walk (a drafted token the target may yet refuse
         # included) leaves the matcher in its error state for good: the answer cannot go on
         # under the grammar, whichever token the target picks.
         self._alive()
-        if valid:
-            self.matcher.rollback(len(valid))
-        self._leave(after)
+        self._leave(followed)
+        self._leave(entered)
         return torch.from_numpy(bits)
 
     def commit(self, tokens: Sequence[int]) -> None:
