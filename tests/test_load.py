@@ -42,8 +42,8 @@ from draftwise.loadbench.config import (
 )
 from draftwise.loadbench.inprocess import IN_PROCESS, running_app
 from draftwise.loadbench.prompts import LoadPrompt, load_prompts
-from draftwise.loadbench.report import mismatch_section, ratio_table, rows_table, turn_table
-from draftwise.loadbench.runner import turns_of
+from draftwise.loadbench.report import mismatch_section, ratio_table, repeat_section, rows_table, turn_table
+from draftwise.loadbench.runner import LoadBench, turns_of
 from draftwise.loadbench.servers import draftwise_server, llama_server, server_for
 from draftwise.loadbench.stats import (
     Mismatch,
@@ -58,6 +58,8 @@ from draftwise.loadbench.stats import (
     parsed_json,
     percentile,
     prediction_tokens,
+    run_by_run,
+    runs_by_key,
     summarize,
     tokens_of,
 )
@@ -141,6 +143,58 @@ def test_only_finished_runs_of_the_configuration_count_and_a_later_run_wins():
     assert list(runs) == [("llama-server", 2)]
     assert runs[("llama-server", 2)].record["wall_s"] == 3.0
     assert [r["text"] for r in runs[("llama-server", 2)].requests] == ["c"]
+
+
+def test_runs_of_a_repeat_are_set_side_by_side_run_for_run():
+    # The docstring's example: A 10.0, B 11.0, then B 9.0, A 9.9 (one prompt of 10 tokens each).
+    records = []
+    for run_id, server, wall in (("1", "A", 1.0), ("2", "B", 10 / 11), ("3", "B", 10 / 9), ("4", "A", 10 / 9.9)):
+        records += [_run(run_id, server, 4, wall), _request(run_id, "x", "t", 10, wall, 0.1)]
+    runs = runs_by_key(records, "h")
+    assert [run.record["run_id"] for run in runs[("B", 4)]] == ["2", "3"]
+    assert finished_runs(records, "h")[("A", 4)].record["run_id"] == "4"  # the main tables: the last run
+    first, second = run_by_run(runs, ["A", "B"])
+    assert first["tok_s"] == pytest.approx([10.0, 9.9]) and first["ratios"] == [] and first["median_ratio"] is None
+    assert second["tok_s"] == pytest.approx([11.0, 9.0]) and second["median_tok_s"] == pytest.approx(10.0)
+    assert second["ratios"] == pytest.approx([1.1, 9.0 / 9.9]) and second["median_ratio"] == pytest.approx(
+        1.0045, abs=1e-3
+    )
+    table = "\n".join(repeat_section([first, second]))
+    assert "| B | 4 | 11.0, 9.0 | 10.0 | 1.10x, 0.91x | 1.00x |" in table
+    assert repeat_section([]) == []
+
+
+def test_a_repeat_reverses_the_servers_order_on_every_other_pass(tmp_path):
+    config = LoadConfig(
+        target="tiny:0",
+        servers=("draftwise", "draftwise-off"),
+        concurrency=(1, 2),
+        repeat=3,
+        data="none",
+        limit=1,
+        out=tmp_path,
+    )
+    bench = LoadBench(config)
+    a, b = "draftwise", "draftwise-off"
+    assert bench.pending() == [
+        (a, 1),
+        (a, 2),
+        (b, 1),
+        (b, 2),
+        (b, 1),
+        (b, 2),
+        (a, 1),
+        (a, 2),
+        (a, 1),
+        (a, 2),
+        (b, 1),
+        (b, 2),
+    ]
+    # Two runs of A at C=1 and one of B at C=2 already done: what is left keeps its place.
+    for run_id, server, level in (("1", a, 1), ("2", a, 1), ("3", b, 2)):
+        bench.store.append(_run(run_id, server, level, 1.0, config_hash=bench.config_hash))
+    assert bench.pending() == [(a, 2), (b, 1), (b, 1), (b, 2), (a, 2), (a, 1), (a, 2), (b, 1), (b, 2)]
+    assert config.model_copy(update={"repeat": 1}).results_hash() == config.results_hash()
 
 
 def test_tokens_come_from_usage_or_are_counted():
@@ -612,6 +666,19 @@ def test_a_tiny_run_through_the_cli_reports_and_resumes(tmp_path):
     again = run_cli("load", *args, "--concurrency", "1,2", "--out", str(out), "--no-progress")
     assert again.returncode == 0 and "0 run(s) to do" in again.stderr, again.stderr
     assert _records(out) == before  # finished runs are not measured again
+
+
+def test_a_repeat_through_the_cli_runs_the_servers_again_in_reverse(tmp_path):
+    out = tmp_path / "run"
+    servers = "draftwise,draftwise-off"
+    args = ["--target", "tiny:0", "--servers", servers, "--data", "none", "--limit", "1", "--max-tokens", "4"]
+    summary = _load(out, *args, "--repeat", "2", levels="1")
+    assert [r["server"] for r in _records(out) if r["kind"] == "run"] == [
+        *servers.split(","),
+        *servers.split(",")[::-1],
+    ]
+    assert [(r["server"], len(r["tok_s"])) for r in summary["run_by_run"]] == [("draftwise", 2), ("draftwise-off", 2)]
+    assert "## Run by run" in (out / "report.md").read_text()
 
 
 def _edit_tasks(folder: Path, *files: str) -> Path:

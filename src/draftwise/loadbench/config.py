@@ -124,6 +124,13 @@ class LoadConfig(BaseModel):
     spec_draft_p_min: float = Field(
         DraftConfig().confidence_threshold, ge=0.0, le=1.0, description="llama-server-spec: --spec-draft-p-min"
     )
+    repeat: int = Field(
+        1,
+        ge=1,
+        le=20,
+        description="runs of each server at each concurrency, the servers' order reversed on every other pass "
+        "over them: a host whose speed drifts shows it as spread between runs, not as one server's loss",
+    )
     warmup: bool = Field(True, description="send one short request to each server before measuring it")
     audit: bool = Field(
         True, description="load the target here to find the top-2 logit gap at each output that differs from alone"
@@ -177,7 +184,16 @@ class LoadConfig(BaseModel):
         in it, since a run's throughput is over all of its prompts together."""
         relevant = self.model_dump(
             mode="json",
-            exclude={"servers", "concurrency", "warmup", "audit", "out", "startup_timeout", "request_timeout"},
+            exclude={
+                "servers",
+                "concurrency",
+                "repeat",
+                "warmup",
+                "audit",
+                "out",
+                "startup_timeout",
+                "request_timeout",
+            },
         )
         for added in ("edit", "structured"):  # a run without them hashes as it did before they came
             if relevant[added] == NONE:

@@ -116,6 +116,29 @@ def ratio_table(ratios: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def repeat_section(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """With ``--repeat``: each server's tok/s run by run, and its ratio to the first server
+    listed, run for run (the tables above hold each key's last run)."""
+    if not rows:
+        return []
+    lines = [
+        "## Run by run (`--repeat`: the servers' order reversed on every other pass)",
+        "",
+        f"Ratios are to {rows[0]['ratio_to']}, the n-th run of each against the n-th of the other.",
+        "",
+        "| server | C | tok/s, run by run | median | ratio, run by run | median ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rates = ", ".join(_fmt(v, ".1f") for v in r["tok_s"])
+        ratios = ", ".join(f"{v:.2f}x" for v in r["ratios"])
+        median = f"{r['median_ratio']:.2f}x" if r["median_ratio"] is not None else ""
+        lines.append(
+            f"| {r['server']} | {r['concurrency']} | {rates} | {_fmt(r['median_tok_s'], '.1f')} | {ratios} | {median} |"
+        )
+    return [*lines, ""]
+
+
 def turn_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Each server's requests by subtask and by their place in the subtask's sequence, and
     draftwise's over draftwise-off and over the best llama-server at the same place."""
@@ -247,6 +270,7 @@ def write_report(
         "",
         *ratio_table(summary["against_llama"]),
         "",
+        *repeat_section(summary.get("run_by_run", [])),
         "## By turn: each request's place among its subtask's, in the order sent (1 client)",
         "",
         *turn_table(summary.get("by_turn", [])),

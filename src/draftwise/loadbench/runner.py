@@ -34,8 +34,9 @@ from draftwise.loadbench.stats import (
     against_llama,
     alone_texts,
     by_turn,
-    finished_runs,
     mismatches,
+    run_by_run,
+    runs_by_key,
     summarize,
 )
 
@@ -83,14 +84,26 @@ class LoadBench:
         self.store = ResultStore(config.out / RESULTS)
 
     def finished(self) -> dict[RunKey, Run]:
-        """The finished runs this configuration asks for."""
-        runs = finished_runs(self.store.records(), self.config_hash)
+        """The last finished run of each (server, C) this configuration asks for."""
+        return {key: runs[-1] for key, runs in self.all_runs().items()}
+
+    def all_runs(self) -> dict[RunKey, list[Run]]:
+        """Every finished run this configuration asks for, by key, in the order they ran."""
+        runs = runs_by_key(self.store.records(), self.config_hash)
         wanted = {(s, c) for s in self.config.servers for c in self.config.concurrency}
-        return {key: run for key, run in runs.items() if key in wanted}
+        return {key: found for key, found in runs.items() if key in wanted}
 
     def pending(self) -> list[RunKey]:
-        done = self.finished()
-        return [(s, c) for s in self.config.servers for c in self.config.concurrency if (s, c) not in done]
+        """The runs still to do, in order: each server at each concurrency ``repeat`` times,
+        the servers' order reversed on every other pass over them (A B, then B A), so that a
+        server measured first on a fresh machine is measured last too."""
+        done = {key: len(runs) for key, runs in self.all_runs().items()}
+        servers = self.config.servers
+        todo: list[RunKey] = []
+        for turn in range(self.config.repeat):
+            for name in servers if turn % 2 == 0 else servers[::-1]:
+                todo += [(name, level) for level in self.config.concurrency if done.get((name, level), 0) <= turn]
+        return todo
 
     def check(self) -> None:
         """Fail before anything starts: models not pulled, binaries or files missing."""
@@ -192,10 +205,13 @@ class LoadBench:
             audits = audit(lm, self.prompts, found) if found else []
         commands = [(key[0], key[1], runs[key].record["command"]) for key in ordered]
         turns = by_turn({key: runs[key] for key in ordered}, turns_of(self.prompts), count)
+        every = self.all_runs()
+        repeated = run_by_run(every, self.config.servers, count) if any(len(r) > 1 for r in every.values()) else []
         return {
             "rows": rows,
             "against_llama": against_llama(rows),
             "by_turn": turns,
+            "run_by_run": repeated,
             "mismatches": audits,
             "commands": commands,
         }

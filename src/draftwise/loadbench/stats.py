@@ -14,6 +14,7 @@ nearest ranks.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,9 +49,10 @@ class Run:
         return self.record["server"], self.record["concurrency"]
 
 
-def finished_runs(records: Iterable[Record], config_hash: str) -> dict[RunKey, Run]:
-    """The runs of this configuration that ended, each with its requests; a run interrupted
-    before its end left requests without a run record, which are left out."""
+def runs_by_key(records: Iterable[Record], config_hash: str) -> dict[RunKey, list[Run]]:
+    """The runs of this configuration that ended, each with its requests, by (server, C) in
+    the order they ended; a run interrupted before its end left requests without a run record,
+    which are left out."""
     runs: dict[str, Record] = {}
     requests: dict[str, list[Record]] = {}
     for record in records:
@@ -60,10 +62,47 @@ def finished_runs(records: Iterable[Record], config_hash: str) -> dict[RunKey, R
             runs[record["run_id"]] = record
         elif record["kind"] == "request":
             requests.setdefault(record["run_id"], []).append(record)
-    finished = {}
-    for run_id, run in runs.items():  # the file's order: a later run of the same key wins
-        finished[(run["server"], run["concurrency"])] = Run(run, requests.get(run_id, []))
-    return finished
+    found: dict[RunKey, list[Run]] = {}
+    for run_id, run in runs.items():  # the file's order
+        found.setdefault((run["server"], run["concurrency"]), []).append(Run(run, requests.get(run_id, [])))
+    return found
+
+
+def finished_runs(records: Iterable[Record], config_hash: str) -> dict[RunKey, Run]:
+    """The last run of each (server, C) of this configuration that ended (``runs_by_key``)."""
+    return {key: runs[-1] for key, runs in runs_by_key(records, config_hash).items()}
+
+
+def run_by_run(
+    runs: dict[RunKey, list[Run]], servers: Sequence[str], count: Count | None = None
+) -> list[dict[str, Any]]:
+    """Per concurrency and server, the tok/s of each of its runs in the order they ran, and
+    its ratio to the first of ``servers`` run for run (the n-th run of one against the n-th
+    of the other, which ran next to it), each with its median.
+
+    Example: servers A and B at C=4, runs A 10.0, B 11.0, then B 9.0, A 9.9 (the second pass
+    reversed): B's tok/s [11.0, 9.0], median 10.0; B / A [1.1, 0.91], median 1.0.
+    """
+    rows = []
+    levels = sorted({level for _, level in runs})
+    for level in levels:
+        first = runs.get((servers[0], level), [])
+        base = [summarize(run, None, count)["tok_s"] for run in first]
+        for server in servers:
+            rates = [summarize(run, None, count)["tok_s"] for run in runs.get((server, level), [])]
+            ratios = [r / b for r, b in zip(rates, base) if r is not None and b]
+            rows.append(
+                {
+                    "server": server,
+                    "concurrency": level,
+                    "tok_s": rates,
+                    "median_tok_s": statistics.median(rates) if None not in rates and rates else None,
+                    "ratio_to": servers[0],
+                    "ratios": ratios if server != servers[0] else [],
+                    "median_ratio": statistics.median(ratios) if ratios and server != servers[0] else None,
+                }
+            )
+    return rows
 
 
 def tokens_of(request: Record, count: Count | None) -> int:
