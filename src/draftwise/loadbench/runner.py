@@ -34,6 +34,7 @@ from draftwise.loadbench.stats import (
     against_llama,
     alone_texts,
     by_turn,
+    last_runs,
     mismatches,
     run_by_run,
     runs_by_key,
@@ -82,10 +83,6 @@ class LoadBench:
         self.prompts: list[LoadPrompt] = load_prompts(config)
         self.config_hash = config.results_hash()
         self.store = ResultStore(config.out / RESULTS)
-
-    def finished(self) -> dict[RunKey, Run]:
-        """The last finished run of each (server, C) this configuration asks for."""
-        return {key: runs[-1] for key, runs in self.all_runs().items()}
 
     def all_runs(self) -> dict[RunKey, list[Run]]:
         """Every finished run this configuration asks for, by key, in the order they ran."""
@@ -189,7 +186,8 @@ class LoadBench:
 
     def summary(self) -> dict[str, Any]:
         """Rows per (server, C), draftwise against llama-server, and the audited mismatches."""
-        runs = self.finished()
+        every = self.all_runs()
+        runs = last_runs(every)  # the tables hold each key's last run; "Run by run", all of them
         rank: dict[str, int] = {name: i for i, name in enumerate(self.config.servers)}
         ordered = sorted(runs, key=lambda k: (rank[k[0]], k[1]))
         needs_count = any(r["ok"] and r["completion_tokens"] is None for run in runs.values() for r in run.requests)
@@ -205,7 +203,6 @@ class LoadBench:
             audits = audit(lm, self.prompts, found) if found else []
         commands = [(key[0], key[1], runs[key].record["command"]) for key in ordered]
         turns = by_turn({key: runs[key] for key in ordered}, turns_of(self.prompts), count)
-        every = self.all_runs()
         repeated = run_by_run(every, self.config.servers, count) if any(len(r) > 1 for r in every.values()) else []
         return {
             "rows": rows,

@@ -68,9 +68,14 @@ def runs_by_key(records: Iterable[Record], config_hash: str) -> dict[RunKey, lis
     return found
 
 
+def last_runs(found: dict[RunKey, list[Run]]) -> dict[RunKey, Run]:
+    """The last of each key's runs (``runs_by_key``): a later run of the same key wins."""
+    return {key: runs[-1] for key, runs in found.items()}
+
+
 def finished_runs(records: Iterable[Record], config_hash: str) -> dict[RunKey, Run]:
-    """The last run of each (server, C) of this configuration that ended (``runs_by_key``)."""
-    return {key: runs[-1] for key, runs in runs_by_key(records, config_hash).items()}
+    """The last run of each (server, C) of this configuration that ended."""
+    return last_runs(runs_by_key(records, config_hash))
 
 
 def run_by_run(
@@ -84,22 +89,21 @@ def run_by_run(
     reversed): B's tok/s [11.0, 9.0], median 10.0; B / A [1.1, 0.91], median 1.0.
     """
     rows = []
-    levels = sorted({level for _, level in runs})
-    for level in levels:
-        first = runs.get((servers[0], level), [])
-        base = [summarize(run, None, count)["tok_s"] for run in first]
+    for level in sorted({level for _, level in runs}):
+        rates = {s: [summarize(run, None, count)["tok_s"] for run in runs.get((s, level), [])] for s in servers}
+        base = rates[servers[0]]
         for server in servers:
-            rates = [summarize(run, None, count)["tok_s"] for run in runs.get((server, level), [])]
-            ratios = [r / b for r, b in zip(rates, base) if r is not None and b]
+            mine = rates[server]
+            ratios = [r / b for r, b in zip(mine, base) if r is not None and b] if server != servers[0] else []
             rows.append(
                 {
                     "server": server,
                     "concurrency": level,
-                    "tok_s": rates,
-                    "median_tok_s": statistics.median(rates) if None not in rates and rates else None,
+                    "tok_s": mine,
+                    "median_tok_s": statistics.median(mine) if None not in mine and mine else None,
                     "ratio_to": servers[0],
-                    "ratios": ratios if server != servers[0] else [],
-                    "median_ratio": statistics.median(ratios) if ratios and server != servers[0] else None,
+                    "ratios": ratios,
+                    "median_ratio": statistics.median(ratios) if ratios else None,
                 }
             )
     return rows
