@@ -85,20 +85,26 @@ def test_remote_verifier_gives_the_local_greedy_text(tmp_path, backend):
 
 @needs_llama_cpp
 def test_a_prediction_drafts_locally_and_through_a_verifier(tmp_path):
-    """generate --prediction on the real model: the plain text as the prediction is drafted in
-    long blocks, and the output is still plain decoding's (--exact: bit for bit), here and
-    with the target behind a verifier."""
+    """generate --prediction on the real model: the plain text as the prediction is drafted and
+    kept whole, and the output is still plain decoding's (--exact: bit for bit), here and with
+    the target behind a verifier. The block length is fixed: how long a block the cost policy
+    dares depends on this machine's timings, which a busy test machine makes noisy (one stall of
+    the first block shut the prediction out for the rest of a run); tests/test_prediction.py
+    covers that policy's long blocks in closed form."""
     greedy = ["--backend", "llamacpp", "--exact", "--drafter", "ngram", "--json", *GREEDY[2:], "--max-new-tokens", "64"]
     plain = run_cli("generate", PROMPT, "--target", SMOL, *greedy, "--k-policy", "fixed", "--k", "0")
     assert plain.returncode == 0, plain.stderr
     expected = json.loads(plain.stdout)
     prediction = tmp_path / "prediction.txt"
     prediction.write_text(expected["text"])
+    greedy += ["--k-policy", "fixed", "--k", "8"]
     local = run_cli("generate", PROMPT, "--target", SMOL, *greedy, "--prediction", str(prediction), "--compare")
     assert local.returncode == 0, local.stderr
     result = json.loads(local.stdout)
     assert result["tokens"] == expected["tokens"] and result["compare"]["identical"]
-    assert result["metrics"]["kept_by_source"]["prediction"] >= 32
+    # Blocks of 8 from the plain text, every token kept: 7 steps of 9 tokens (56 kept), then the
+    # last one; less only where the text splits into other tokens than the output did.
+    assert result["metrics"]["kept_by_source"]["prediction"] >= 48
     args = ["serve-verifier", "--target", SMOL, *ONE, "--backend", "llamacpp", "--exact"]
     with cli_server(args, "/health", tmp_path / "verifier.log") as (url, _process):
         remote = run_cli(
