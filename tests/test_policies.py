@@ -241,6 +241,26 @@ def test_beside_other_streams_the_guard_bounds_the_rounds_loss_by_this_streams_s
     assert seconds - tokens * plain_token <= bound
 
 
+def test_the_guard_prices_a_plain_token_at_the_mean_of_the_plain_steps_not_after_a_stall():
+    # Plain steps take 65 ms, the last of them stalls at 200 ms; then the lookup's blocks of 3,
+    # all kept, take 330 ms for their 4 tokens. That is dearer than the plain steps' mean, the
+    # stall included (77.3 ms a token): each block loses, and the account falls by what it
+    # loses less its share of the allowance. A running mean, raised by the stall and frozen
+    # while no plain step ran (84.5 ms), counted them as gains.
+    policy = host(AMD)
+    policy.choose([LOOKUP], 1000)  # the lookup is offered: its account opens
+    plain = [0.065] * 10 + [0.2]
+    for seconds in plain:
+        policy.update(step(0, verify_s=seconds))
+    mean = sum(plain) / len(plain)
+    assert policy.plain_token(1) == pytest.approx(mean)
+    before = policy.accounts["ngram"]
+    for _ in range(10):
+        policy.update(step(3, accepted=3, verify_s=0.33, offer=LOOKUP))
+    lost = 10 * (4 * mean - 0.33 + COST.allowance * 0.33)
+    assert lost < 0 and policy.accounts["ngram"] - before == pytest.approx(lost)
+
+
 def test_while_the_guard_holds_drafting_back_a_grammar_s_forced_tokens_still_go():
     # The account is overdrawn: no token is guessed, but the three tokens a grammar forces are
     # drafted (sure, free), since a 4-row pass that surely emits 4 tokens beats four plain steps.

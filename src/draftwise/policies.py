@@ -15,7 +15,7 @@ from typing import Protocol
 
 from draftwise.config import DraftConfig
 from draftwise.offers import PLAIN, Choice, Offer, Outcome
-from draftwise.profile import Acceptance, CostProfile, PassTimes, decayed
+from draftwise.profile import Acceptance, CostProfile, PassTimes
 
 
 class DraftPolicy(Protocol):
@@ -126,10 +126,11 @@ class CostAwareK:
     5. **Guard.** Each source has an account, opened at ``opening`` plain tokens' time, that
        every step pays its share of ``allowance`` of the step's time into, and every drafting
        step of the source what it earned against plain decoding: the tokens its rounds emitted
-       times the measured time of a plain token, less its own measured time (negative when it
-       lost). A catch-up is an investment that the steps after it repay, not the block's loss,
-       and is left out. While a source's account is below zero, it guesses nothing (a
-       grammar's forced tokens, sure and free, still go). So on any host, and whatever the
+       times the measured time of a plain token (the mean of the generation's plain steps,
+       ``plain_token``), less its own measured time (negative when it lost). A catch-up is an
+       investment that the steps after it repay, not the block's loss, and is left out. While
+       a source's account is below zero, it guesses nothing (a grammar's forced tokens, sure
+       and free, still go). So on any host, and whatever the
        estimates get wrong, drafting costs a run at most ``allowance`` of its decoding time,
        plus per source its opening and the loss of the one step that overdrew its account
        (with the default ``k_max``, a 13-row pass against a one-row one), plus the catch-ups
@@ -170,8 +171,9 @@ class CostAwareK:
         # step under the interpreter's lock, and ``under`` copies each count list likewise.
         tables = tuple(self.profile.acceptance.items())
         self._acceptance = {key: counts.under(self.settings) for key, counts in tables}
-        # A plain round's time over the streams it serves, as measured: a plain token's price.
-        self.plain_token: float | None = None
+        # Per count of streams in a round: the seconds and the number of this generation's plain
+        # steps among as many, whose mean (a round's time over its streams) prices a plain token.
+        self._plain_steps: dict[int, tuple[float, int]] = {}
         self._runs: dict[str, int] = {}  # statistics key -> tokens kept in a row since its last rejection
         self.weighed: tuple[Arm, ...] = ()
 
@@ -297,9 +299,9 @@ class CostAwareK:
         streams = outcome.others_streams + 1  # who share the round's time, and its allowance
         offer = outcome.choice.offer
         if offer is None:
-            self.plain_token = decayed(self.plain_token, verifying / streams, self.settings)
-        plain = self.plain().rate
-        plain_token = self.plain_token or (1 / plain if plain > 0 else verifying / streams)
+            total, count = self._plain_steps.get(streams, (0.0, 0))
+            self._plain_steps[streams] = (total + verifying / streams, count + 1)
+        plain_token = self.plain_token(streams) or verifying / streams
         self._pay_in(self.settings.allowance * seconds / streams, self.settings.opening * plain_token)
         if offer is None:
             return
@@ -322,6 +324,20 @@ class CostAwareK:
         self.profile.acceptance[key] = self.acceptance(key)
         rejected = outcome.n_accepted < outcome.n_proposed
         self._runs[key] = 0 if rejected else self._runs.get(key, 0) + kept
+
+    def plain_token(self, streams: int) -> float | None:
+        """A plain token's price in rounds of ``streams`` streams (step 5): the mean of this
+        generation's plain steps among as many, else the curve's plain round over its streams
+        (None before any pass is known). A mean over all of them, not a running mean: the
+        policy starts drafting when a stall has just raised its prices of plain decoding, and a
+        running mean, frozen at that height while no plain step runs, credited each drafting
+        step with time plain decoding would not have taken: a losing draft model looked like a
+        winning one (``docs/speed.md``, "The guard")."""
+        total, count = self._plain_steps.get(streams, (0.0, 0))
+        if count:
+            return total / count
+        rate = self.plain().rate
+        return 1 / rate if rate > 0 else None
 
     def _pay_in(self, allowance: float, cap: float) -> None:
         """Each step's ``allowance`` into the accounts and the budgets, split evenly among the
