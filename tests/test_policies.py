@@ -242,18 +242,14 @@ def test_beside_other_streams_the_guard_bounds_the_rounds_loss_by_this_streams_s
 
 
 def test_the_guard_prices_a_plain_token_at_the_mean_of_the_plain_steps_not_after_a_stall():
-    # Plain steps take 65 ms, the last of them stalls at 200 ms; then the lookup's blocks of 3,
-    # all kept, take 330 ms for their 4 tokens. That is dearer than the plain steps' mean, the
-    # stall included (77.3 ms a token): each block loses, and the account falls by what it
-    # loses less its share of the allowance. A running mean, raised by the stall and frozen
-    # while no plain step ran (84.5 ms), counted them as gains.
+    # Plain steps of 65 ms, the last stalled (200 ms); then blocks of 3, all kept, in 330 ms: dearer
+    # than the plain steps' mean (77.3 ms a token), so the account falls by their loss less the
+    # allowance. A running mean, raised by the stall and frozen since (84.5 ms), saw gains.
     policy = host(AMD)
     policy.choose([LOOKUP], 1000)  # the lookup is offered: its account opens
-    plain = [0.065] * 10 + [0.2]
-    for seconds in plain:
+    for seconds in (plain := [0.065] * 10 + [0.2]):
         policy.update(step(0, verify_s=seconds))
-    mean = sum(plain) / len(plain)
-    assert policy.plain_token(1) == pytest.approx(mean)
+    assert policy.plain_token(1) == pytest.approx(mean := sum(plain) / len(plain))
     before = policy.accounts["ngram"]
     for _ in range(10):
         policy.update(step(3, accepted=3, verify_s=0.33, offer=LOOKUP))
