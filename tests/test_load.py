@@ -53,7 +53,7 @@ from draftwise.loadbench.stats import (
     by_turn,
     decode_after_first_chunk,
     decode_tok_s,
-    finished_runs,
+    last_runs,
     mismatches,
     parsed_json,
     percentile,
@@ -139,7 +139,7 @@ def test_only_finished_runs_of_the_configuration_count_and_a_later_run_wins():
         _request("new", "x", "c", 1, 1.0, 0.1),
         _run("other", "draftwise", 2, 1.0, config_hash="g"),
     ]
-    runs = finished_runs(records, "h")
+    runs = last_runs(runs_by_key(records, "h"))
     assert list(runs) == [("llama-server", 2)]
     assert runs[("llama-server", 2)].record["wall_s"] == 3.0
     assert [r["text"] for r in runs[("llama-server", 2)].requests] == ["c"]
@@ -152,7 +152,7 @@ def test_runs_of_a_repeat_are_set_side_by_side_run_for_run():
         records += [_run(run_id, server, 4, wall), _request(run_id, "x", "t", 10, wall, 0.1)]
     runs = runs_by_key(records, "h")
     assert [run.record["run_id"] for run in runs[("B", 4)]] == ["2", "3"]
-    assert finished_runs(records, "h")[("A", 4)].record["run_id"] == "4"  # the main tables: the last run
+    assert last_runs(runs)[("A", 4)].record["run_id"] == "4"  # the main tables: the last run
     first, second = run_by_run(runs, ["A", "B"])
     assert first["tok_s"] == pytest.approx([10.0, 9.9]) and first["ratios"] == [] and first["median_ratio"] is None
     assert second["tok_s"] == pytest.approx([11.0, 9.0]) and second["median_tok_s"] == pytest.approx(10.0)

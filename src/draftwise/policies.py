@@ -130,13 +130,12 @@ class CostAwareK:
        ``plain_token``), less its own measured time (negative when it lost). A catch-up is an
        investment that the steps after it repay, not the block's loss, and is left out. While
        a source's account is below zero, it guesses nothing (a grammar's forced tokens, sure
-       and free, still go). So on any host, and whatever the
-       estimates get wrong, drafting costs a run at most ``allowance`` of its decoding time,
-       plus per source its opening and the loss of the one step that overdrew its account
-       (with the default ``k_max``, a 13-row pass against a one-row one), plus the catch-ups
-       of its probes, each within its budget or at most ``allowance`` of the run (step 4). An
-       unlucky first block of a good source does not shut it out, and a source that loses shuts
-       out no other.
+       and free, still go). So on any host, and whatever the estimates get wrong, drafting
+       costs a run at most ``allowance`` of its decoding time, plus per source its opening and
+       the loss of the one step that overdrew its account (with the default ``k_max``, a
+       13-row pass against a one-row one), plus the catch-ups of its probes, each within its
+       budget or at most ``allowance`` of the run (step 4). An unlucky first block of a good
+       source does not shut it out, and a source that loses shuts out no other.
 
     **Beside other streams** a step's loss is everyone's: its rows slow the pass the ``S``
     others ride in. So steps 4 and 5 count in the round's tokens (a plain token takes the

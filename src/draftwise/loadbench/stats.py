@@ -73,11 +73,6 @@ def last_runs(found: dict[RunKey, list[Run]]) -> dict[RunKey, Run]:
     return {key: runs[-1] for key, runs in found.items()}
 
 
-def finished_runs(records: Iterable[Record], config_hash: str) -> dict[RunKey, Run]:
-    """The last run of each (server, C) of this configuration that ended."""
-    return last_runs(runs_by_key(records, config_hash))
-
-
 def run_by_run(
     runs: dict[RunKey, list[Run]], servers: Sequence[str], count: Count | None = None
 ) -> list[dict[str, Any]]:
