@@ -135,3 +135,23 @@ def test_a_cold_start_costs_little_where_drafting_cannot_pay_much(name, sources)
     truth = host(name)
     plain = 1 / (truth.pass_times.at(1) or 1.0)
     assert mean_rate(truth, sources, 128) >= 0.93 * plain
+
+
+@pytest.mark.parametrize("kept_all", [True, False], ids=["kept", "rejected"])
+def test_probes_start_short_and_grow_only_with_what_the_source_keeps(kept_all):
+    # On the Intel profile a pass of 13 rows costs 3.5 one-row passes, and at the optimistic
+    # acceptance the longest block looks best: a first probe of 12 guesses lost a short
+    # answer's budget where a block of 3 tells as much (whether the first guess is kept).
+    truth = host("intel-xeon")
+    policy, lookup, ks = cold(truth), Offer("ngram", key="ngram:1", cost_hint=0.0), []
+    for _ in range(6):
+        choice = policy.choose([lookup], 500)
+        kept = choice.k if kept_all else 0
+        verify = truth.pass_times.at(choice.k + 1) or 0.0
+        policy.update(Outcome(choice, n_proposed=choice.k, n_accepted=kept, draft_seconds=0.0, verify_seconds=verify))
+        ks.append(choice.k)
+    assert 1 <= ks[0] <= 3
+    if kept_all:
+        assert max(ks) == DraftConfig().k_max  # a source that keeps what it guesses earns long blocks
+    else:
+        assert max(ks) <= 3

@@ -166,7 +166,12 @@ class CostPolicyConfig(_Strict):
         "one probe of a short block at the start",
     )
     growth: float = Field(
-        2.0, ge=1.0, le=64.0, description="a grounded source's longest block, in multiples of its run of tokens kept"
+        2.0,
+        ge=1.0,
+        le=64.0,
+        description="how fast blocks grow with what a source keeps: a grounded source's longest block, in "
+        "multiples of its run of tokens kept; a probe's loss, in multiples of its cheapest promising block's "
+        "per position its blocks have reached",
     )
     catchup_horizon: float = Field(
         16.0, ge=1.0, le=10_000.0, description="steps within which a draft model's catch-up is priced as repaid"

@@ -119,7 +119,12 @@ class CostAwareK:
        time left in the run. The optimistic acceptance is one Hoeffding width above the record
        at confidence ``1 / steps``, as UCB1 explores (``Acceptance.rates``), at most
        ``optimism_cap``: a source whose first blocks failed by chance is tried again, ever more
-       rarely. Each source's budget (shared by the streams
+       rarely. Probes start short and grow with what the source keeps: of its arms that could
+       beat the choice, only those that lose, if nothing is kept, at most ``growth`` times what
+       the cheapest of them loses, times the deepest position the source's blocks have reached
+       (at least one), are probed. A source never checked looks best at its longest block,
+       where a short one tells as much (whether its first guess is kept) for a fraction of the
+       loss. Each source's budget (shared by the streams
        and requests of its profile, ``CostProfile.budgets``) opens at ``opening`` plain
        tokens' time, refills at its share of ``allowance`` of the time decoded, and pays for
        the probes that lost; a source that loses uses up no other's budget.
@@ -272,10 +277,28 @@ class CostAwareK:
     def _explore(self, offers: Sequence[Offer], remaining: int, best: Arm, plain: Arm) -> Arm:
         """Step 4: the arm that could do best among those the guard allows and whose failure
         their source's budget covers, else ``best``."""
-        hopes = (a for o in offers for a in self.arms(o, remaining, optimistic=True) if self._allows(a))
-        affordable = [a for a in hopes if a.rate > best.rate and self._affords(a, remaining, plain)]
+        hopes = (a for o in offers for a in self._probes(o, remaining, best, plain) if self._allows(a))
+        affordable = [a for a in hopes if self._affords(a, remaining, plain)]
         # A source never tried goes first: while another's probes run, its catch-up only grows.
         return max(affordable, key=lambda a: (self._untried(a), a.rate)) if affordable else best
+
+    def _probes(self, offer: Offer, remaining: int, best: Arm, plain: Arm) -> list[Arm]:
+        """The blocks ``offer`` may probe (step 4): those that, at the optimistic acceptance,
+        beat ``best``, and lose, if nothing is kept, at most ``growth`` times what the cheapest
+        of them loses, times the deepest position its source's blocks have reached (at least
+        one)."""
+        hopes = [arm for arm in self.arms(offer, remaining, optimistic=True) if arm.rate > best.rate]
+        if not hopes:
+            return []
+        reached = len(self.acceptance(offer.stats_key).tried)
+        least = min(self._lost(arm, plain) for arm in hopes)
+        cap = self.settings.growth * max(1, reached) * max(0.0, least)
+        return [arm for arm in hopes if self._lost(arm, plain) <= cap]
+
+    @staticmethod
+    def _lost(arm: Arm, plain: Arm) -> float:
+        """What ``arm``'s step loses against plain decoding if no guessed token is kept."""
+        return arm.seconds - arm.failed / plain.rate
 
     def _untried(self, arm: Arm) -> bool:
         return arm.choice.offer is not None and not self.acceptance(arm.choice.offer.stats_key).tried
@@ -283,7 +306,7 @@ class CostAwareK:
     def _affords(self, arm: Arm, remaining: int, plain: Arm) -> bool:
         offer = arm.choice.offer
         assert offer is not None  # plain decoding is never explored
-        lost, budget = arm.seconds - arm.failed / plain.rate, self.profile.budgets[offer.source]
+        lost, budget = self._lost(arm, plain), self.profile.budgets[offer.source]
         return lost + arm.catchup <= budget or (
             lost <= budget and arm.catchup <= self.settings.allowance * remaining / plain.rate
         )
