@@ -155,3 +155,20 @@ def test_probes_start_short_and_grow_only_with_what_the_source_keeps(kept_all):
         assert max(ks) == DraftConfig().k_max  # a source that keeps what it guesses earns long blocks
     else:
         assert max(ks) <= 3
+
+
+def test_a_draft_model_is_prefilled_for_a_run_that_has_lasted_not_for_its_token_budget():
+    # A 40-token prompt the draft model has not read, and a budget of 4,096 tokens: priced on
+    # the budget, the catch-up looked cheap, and answers that ended at 20 tokens paid it. It
+    # goes once the run has lasted long enough that what the model could save over as many
+    # tokens again covers it (on the Intel profile, where the model can win).
+    truth = host("intel-xeon")
+    policy, emitted, probed_at = cold(truth), 0, None
+    plain_step = truth.pass_times.at(1) or 0.0
+    while probed_at is None and emitted < 200:
+        choice = policy.choose([replace(MODEL.offer, behind=40 + emitted)], 4096 - emitted)
+        if choice.source == "model":
+            probed_at = emitted
+        policy.update(Outcome(choice, n_proposed=0, n_accepted=0, draft_seconds=0.0, verify_seconds=plain_step))
+        emitted += 1
+    assert probed_at is not None and 10 <= probed_at <= 100

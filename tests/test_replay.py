@@ -4,6 +4,7 @@ through JSON, and a comparison names the best fixed configuration in hindsight."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -53,6 +54,23 @@ def test_a_recording_round_trips_through_json(recording):
     again = Recording.from_json(recording.to_json())
     assert again == recording
     assert {o.source for p in again.positions for o in p.offers} >= {"model"}
+
+
+def test_the_policy_is_told_the_tokens_left_in_the_budget_not_where_the_answer_ends(recording):
+    # The engine tells the policy max_new_tokens less what it emitted; only hindsight knows
+    # that an answer ends early, and a replay that told it made probes look cheap to skip.
+    told = []
+
+    class Telling(FixedK):
+        def choose(self, offers, remaining):
+            told.append(remaining)
+            return super().choose(offers, remaining)
+
+    ended_early = dataclasses.replace(recording, budget=len(recording.continuation) + 60)
+    replay(ended_early, Telling(0), host(0.05, 0.01, 0.01), sources=())
+    assert told == [len(recording.continuation) + 60 - i for i in range(len(recording.continuation))]
+    assert Recording.from_json(ended_early.to_json()).budget == ended_early.budget
+    assert recording.budget == 40  # record keeps the run's max_new_tokens
 
 
 def test_plain_decoding_replays_at_the_one_row_pass(recording):

@@ -81,6 +81,7 @@ class Arm:
     seconds: float  # what the step itself is expected to take, a catch-up left out
     failed: float = 1.0  # tokens its rounds emit, all streams', if no guessed token is kept
     catchup: float = 0.0  # what the source must feed before it drafts, whole (paid once)
+    bare: float = 0.0  # ``rate`` without the catch-up: the source's rate once it has caught up
 
     def describe(self) -> tuple[str, int, float]:
         """(source or "plain", k, expected tokens per second): what the events carry."""
@@ -113,19 +114,22 @@ class CostAwareK:
        made a 12-token draft model block look free beside it).
     4. **Explore.** Where some arm, at an optimistic acceptance, would beat the choice, the
        most promising such arm is tried instead, a source never tried first (while another's
-       probes run, its catch-up only grows), if its source's budget covers what the block
-       loses against plain decoding when nothing is kept, and the source's catch-up (a draft
-       model that has not read the prompt) too, or else is at most ``allowance`` of the plain
-       time left in the run. The optimistic acceptance is one Hoeffding width above the record
-       at confidence ``1 / steps``, as UCB1 explores (``Acceptance.rates``), at most
-       ``optimism_cap``: a source whose first blocks failed by chance is tried again, ever more
-       rarely. Probes start short and grow with what the source keeps: of its arms that could
-       beat the choice, only those that lose, if nothing is kept, at most ``growth`` times what
-       the cheapest of them loses, times the deepest position the source's blocks have reached
-       (at least one), are probed. A source never checked looks best at its longest block,
-       where a short one tells as much (whether its first guess is kept) for a fraction of the
-       loss. Each source's budget (shared by the streams
-       and requests of its profile, ``CostProfile.budgets``) opens at ``opening`` plain
+       probes run, its catch-up only grows), if its source's budget covers what the block loses
+       against plain decoding when nothing is kept, and the source's catch-up (a draft model
+       that has not read the prompt) too, or else the catch-up is at most what the source, at
+       its optimistic acceptance, would save over as many tokens as the run has emitted (within
+       its token budget): a run lasts, as likely as not, at least as long again as it has
+       lasted. Its token budget says nothing of that (an answer may stop far short of it), and
+       priced on it, a draft model was prefilled for answers of 20 tokens. The optimistic
+       acceptance is one Hoeffding width above the record at confidence ``1 / steps``, as UCB1
+       explores (``Acceptance.rates``), at most ``optimism_cap``: a source whose first blocks
+       failed by chance is tried again, ever more rarely. Probes start short and grow with what
+       the source keeps: of its arms that could beat the choice, only those that lose, if
+       nothing is kept, at most ``growth`` times what the cheapest of them loses, times the
+       deepest position the source's blocks have reached (at least one), are probed. A source
+       never checked looks best at its longest block, where a short one tells as much (whether
+       its first guess is kept) for a fraction of the loss. Each source's budget (shared by the
+       streams and requests of its profile, ``CostProfile.budgets``) opens at ``opening`` plain
        tokens' time, refills at its share of ``allowance`` of the time decoded, and pays for
        the probes that lost; a source that loses uses up no other's budget.
     5. **Guard.** Each source has an account, opened at ``opening`` plain tokens' time, that
@@ -139,7 +143,7 @@ class CostAwareK:
        costs a run at most ``allowance`` of its decoding time, plus per source its opening and
        the loss of the one step that overdrew its account (with the default ``k_max``, a
        13-row pass against a one-row one), plus the catch-ups of its probes, each within its
-       budget or at most ``allowance`` of the run (step 4). An unlucky first block of a good
+       budget or what the source could save over the run so far (step 4). An unlucky first block of a good
        source does not shut it out, and a source that loses shuts out no other.
 
     **Beside other streams** a step's loss is everyone's: its rows slow the pass the ``S``
@@ -168,6 +172,7 @@ class CostAwareK:
         self.accounts: dict[str, float] = {}
         self._exploring = False  # whether the last choice was a probe (step 4), not the best arm
         self.steps = 0  # steps learnt from: the optimistic acceptance's confidence grows with them
+        self.emitted = 0  # tokens this stream has emitted: how long its run has lasted so far
         self.others_rows = self.profile.others_rows  # rows of other streams in the last pass ours rode in
         self.others_streams = self.profile.others_streams  # and the streams they belong to
         # This stream's acceptance, from the last generation's (a prompt of its own may differ).
@@ -244,7 +249,8 @@ class CostAwareK:
             spread = seconds + fed / min(max(1.0, remaining / tokens), self.settings.catchup_horizon)
             others_tokens = self.others_streams * (1 + rounds)
             rate = (others_tokens + tokens) / spread if spread > 0 else 0.0
-            arms.append(Arm(Choice(offer, k), rate, seconds, others_tokens + min(k, offer.sure) + 1, fed))
+            bare = (others_tokens + tokens) / seconds if seconds > 0 else 0.0
+            arms.append(Arm(Choice(offer, k), rate, seconds, others_tokens + min(k, offer.sure) + 1, fed, bare))
         return arms
 
     @staticmethod
@@ -307,13 +313,19 @@ class CostAwareK:
         offer = arm.choice.offer
         assert offer is not None  # plain decoding is never explored
         lost, budget = self._lost(arm, plain), self.profile.budgets[offer.source]
-        return lost + arm.catchup <= budget or (
-            lost <= budget and arm.catchup <= self.settings.allowance * remaining / plain.rate
-        )
+        if lost + arm.catchup <= budget:
+            return True
+        # A run lasts, as likely as not, at least as long again as it has lasted (and no longer
+        # than its budget): a catch-up beyond the budget goes if the source, at its optimistic
+        # acceptance, would repay it over that many tokens.
+        ahead = min(remaining, self.emitted)
+        saved = ahead / plain.rate - ahead / arm.bare if arm.bare > 0 else 0.0
+        return lost <= budget and arm.catchup <= saved
 
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)
         self.steps += 1
+        self.emitted += outcome.n_accepted + 1
         if outcome.pass_info is not None:
             self.others_rows, self.others_streams = outcome.others_rows, outcome.others_streams
         drafting, catchup, verifying = self.profile.seconds_of(outcome)

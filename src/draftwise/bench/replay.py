@@ -113,13 +113,16 @@ class Position:
 @dataclass(frozen=True)
 class Recording:
     """One prompt decoded plainly, with what every source would have drafted along the way:
-    ``positions[i]`` follows the prompt and ``continuation[:i]``."""
+    ``positions[i]`` follows the prompt and ``continuation[:i]``. ``budget`` is the run's
+    ``max_new_tokens``: a policy is told the tokens left in it, as the engine tells it, not
+    where the answer will end, which only hindsight knows (None: the continuation's length)."""
 
     prompt_id: str
     subtask: str
     prompt_tokens: int
     continuation: tuple[int, ...]
     positions: tuple[Position, ...]
+    budget: int | None = None
 
     def to_json(self) -> str:
         positions = [{"offers": [asdict(o) for o in p.offers], "blocks": p.blocks} for p in self.positions]
@@ -132,7 +135,10 @@ class Recording:
             Position(tuple(Offer(**o) for o in p["offers"]), {source: tuple(b) for source, b in p["blocks"].items()})
             for p in data["positions"]
         )
-        return cls(data["prompt_id"], data["subtask"], data["prompt_tokens"], tuple(data["continuation"]), positions)
+        continuation = tuple(data["continuation"])
+        return cls(
+            data["prompt_id"], data["subtask"], data["prompt_tokens"], continuation, positions, data.get("budget")
+        )
 
 
 def record(
@@ -162,7 +168,7 @@ def record(
         positions.append(Position(offers, blocks))
         # Whatever was drafted, the next position follows the continuation's own token.
         drafter.observe([*context, continuation[i]], Verdict(0, continuation[i], 0))
-    return Recording(prompt_id, subtask, len(prompt), continuation, tuple(positions))
+    return Recording(prompt_id, subtask, len(prompt), continuation, tuple(positions), config.max_new_tokens)
 
 
 def _longest(offer: Offer, draft: DraftConfig) -> int:
@@ -187,11 +193,12 @@ def replay(rec: Recording, policy: DraftPolicy, host: CostProfile, sources: Iter
     """Run ``policy`` over ``rec`` on ``host``'s costs, offered only ``sources`` (None: all)."""
     allowed = None if sources is None else frozenset(sources)
     total = len(rec.continuation)
+    budget = rec.budget or total
     i, behind, seconds, steps = 0, rec.prompt_tokens, 0.0, 0
     while i < total:
         here = rec.positions[i]
         offers = [o for o in here.offers if allowed is None or o.source in allowed]
-        choice = policy.choose([replace(o, behind=behind) if o.passes else o for o in offers], total - i)
+        choice = policy.choose([replace(o, behind=behind) if o.passes else o for o in offers], budget - i)
         block = here.blocks.get(choice.source or "", ())[: choice.k]
         kept = _kept(block, rec.continuation[i : i + len(block)])
         passes = choice.offer is not None and choice.offer.passes and bool(block)
