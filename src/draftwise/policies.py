@@ -116,35 +116,36 @@ class CostAwareK:
        most promising such arm is tried instead, a source never tried first (while another's
        probes run, its catch-up only grows), if its source's budget covers what the block loses
        against plain decoding when nothing is kept, and the source's catch-up (a draft model
-       that has not read the prompt) too, or else the catch-up is at most what the source, at
-       its optimistic acceptance, would save over as many tokens as the run has emitted (within
-       its token budget): a run lasts, as likely as not, at least as long again as it has
-       lasted. Its token budget says nothing of that (an answer may stop far short of it), and
-       priced on it, a draft model was prefilled for answers of 20 tokens. The optimistic
-       acceptance is one Hoeffding width above the record at confidence ``1 / steps``, as UCB1
-       explores (``Acceptance.rates``), at most ``optimism_cap``: a source whose first blocks
-       failed by chance is tried again, ever more rarely. Probes start short and grow with what
-       the source keeps: of its arms that could beat the choice, only those that lose, if
-       nothing is kept, at most ``growth`` times what the cheapest of them loses, times the
-       deepest position the source's blocks have reached (at least one), are probed. A source
-       never checked looks best at its longest block, where a short one tells as much (whether
-       its first guess is kept) for a fraction of the loss. Each source's budget (shared by the
-       streams and requests of its profile, ``CostProfile.budgets``) opens at ``opening`` plain
-       tokens' time, refills at its share of ``allowance`` of the time decoded, and pays for
-       the probes that lost; a source that loses uses up no other's budget.
+       that has not read the prompt) too, or else the catch-up is at most ``allowance`` of the
+       plain time of the tokens left in the run's budget, and at most what the source, at its
+       optimistic acceptance, would save over as many tokens as the run has emitted: a run
+       lasts, as likely as not, at least as long again as it has lasted. The budget alone says
+       nothing of that (an answer may stop far short of it): priced on it, a draft model was
+       prefilled for answers of 20 tokens. The optimistic acceptance is one Hoeffding width
+       above the record at confidence ``1 / steps``, as UCB1 explores (``Acceptance.rates``),
+       at most ``optimism_cap``: a source whose first blocks failed by chance is tried again,
+       ever more rarely. Probes start short and grow with what the source keeps: of its arms
+       that could beat the choice, only those that lose, if nothing is kept, at most ``growth``
+       times what the cheapest of them loses, times the deepest position the source's blocks
+       have reached (at least one), are probed. A source never checked looks best at its
+       longest block, where a short one tells as much (whether its first guess is kept) for a
+       fraction of the loss. Each source's budget (shared by the streams and requests of its
+       profile, ``CostProfile.budgets``) opens at ``opening`` plain tokens' time, refills at
+       its share of ``allowance`` of the time decoded, and pays for the probes that lost; a
+       source that loses uses up no other's budget.
     5. **Guard.** Each source has an account, opened at ``opening`` plain tokens' time, that
        every step pays its share of ``allowance`` of the step's time into, and every drafting
        step of the source what it earned against plain decoding: the tokens its rounds emitted
        times the measured time of a plain token (the mean of the generation's plain steps,
        ``plain_token``), less its own measured time (negative when it lost). A catch-up is an
-       investment that the steps after it repay, not the block's loss, and is left out. While
-       a source's account is below zero, it guesses nothing (a grammar's forced tokens, sure
-       and free, still go). So on any host, and whatever the estimates get wrong, drafting
-       costs a run at most ``allowance`` of its decoding time, plus per source its opening and
-       the loss of the one step that overdrew its account (with the default ``k_max``, a
-       13-row pass against a one-row one), plus the catch-ups of its probes, each within its
-       budget or what the source could save over the run so far (step 4). An unlucky first block of a good
-       source does not shut it out, and a source that loses shuts out no other.
+       investment that the steps after it repay, not the block's loss, and is left out. While a
+       source's account is below zero, it guesses nothing (a grammar's forced tokens, sure and
+       free, still go). So on any host, and whatever the estimates get wrong, drafting costs a
+       run at most ``allowance`` of its decoding time, plus per source its opening and the loss
+       of the one step that overdrew its account (with the default ``k_max``, a 13-row pass
+       against a one-row one), plus the catch-ups of its probes, each within its budget or at
+       most ``allowance`` of the run (step 4). An unlucky first block of a good source does not
+       shut it out, and a source that loses shuts out no other.
 
     **Beside other streams** a step's loss is everyone's: its rows slow the pass the ``S``
     others ride in. So steps 4 and 5 count in the round's tokens (a plain token takes the
@@ -315,12 +316,13 @@ class CostAwareK:
         lost, budget = self._lost(arm, plain), self.profile.budgets[offer.source]
         if lost + arm.catchup <= budget:
             return True
-        # A run lasts, as likely as not, at least as long again as it has lasted (and no longer
-        # than its budget): a catch-up beyond the budget goes if the source, at its optimistic
-        # acceptance, would repay it over that many tokens.
+        # A catch-up beyond the budget goes if it is at most ``allowance`` of the plain time of
+        # the tokens left in the run's budget, and if the source, at its optimistic acceptance,
+        # would repay it over as many tokens as the run has emitted: a run lasts, as likely as
+        # not, at least as long again as it has lasted (and no longer than its budget).
         ahead = min(remaining, self.emitted)
         saved = ahead / plain.rate - ahead / arm.bare if arm.bare > 0 else 0.0
-        return lost <= budget and arm.catchup <= saved
+        return lost <= budget and arm.catchup <= min(saved, self.settings.allowance * remaining / plain.rate)
 
     def update(self, outcome: Outcome) -> None:
         self.profile.learn(outcome)
