@@ -20,7 +20,7 @@ import pytest
 from draftwise import DraftConfig
 from draftwise.offers import Offer, Outcome
 from draftwise.policies import CostAwareK, DraftPolicy, FixedK
-from draftwise.profile import CostProfile, read_host
+from draftwise.profile import Acceptance, CostProfile, read_host
 
 HOSTS = Path(__file__).parent / "data" / "hosts"
 PROMPT = 35  # tokens of make-run's chat prompt, which the draft model has not read
@@ -180,3 +180,27 @@ def test_a_draft_model_is_prefilled_for_a_run_that_has_lasted_not_for_its_token_
         policy.update(Outcome(choice, n_proposed=0, n_accepted=0, draft_seconds=0.0, verify_seconds=plain_step))
         emitted += 1
     assert probed_at is not None and 10 <= probed_at <= 100
+
+
+def test_a_prediction_kept_token_after_token_earns_long_blocks_on_the_amd_profile():
+    # The acceptance remembers about three blocks, so a source always right is estimated near
+    # 0.97 a token, and on this curve blocks of 3 then beat every longer one: a prediction the
+    # output followed word for word drafted 3 tokens a step for ever. A caller's prediction is
+    # priced while it holds at least at Laplace's rule over its run (Offer.follows).
+    truth = host("amd-epyc")
+    policy, ks = cold(truth), []
+    prediction = Offer("prediction", key="prediction", cost_hint=0.0, grounded=True, follows=True)
+    for _ in range(30):
+        choice = policy.choose([prediction], 4096)
+        verify = truth.pass_times.at(choice.k + 1) or 0.0
+        kept = Outcome(choice, n_proposed=choice.k, n_accepted=choice.k, draft_seconds=0.0, verify_seconds=verify)
+        policy.update(kept)
+        ks.append(choice.k)
+    assert max(ks) > DraftConfig().k_max
+
+
+def test_a_floor_lifts_each_position_s_rate_in_the_expected_tokens():
+    fresh = Acceptance()  # no record: even odds at every position
+    assert fresh.expected(2) == pytest.approx([1.0, 1.5, 1.75])
+    assert fresh.expected(2, floor=0.8) == pytest.approx([1.0, 1.8, 2.44])
+    assert fresh.expected(2, floor=0.3) == pytest.approx([1.0, 1.5, 1.75])

@@ -18,22 +18,26 @@ from draftwise.lm import PassInfo
 class Offer:
     """What one source of a drafter could propose for the next step.
 
-    ``limit`` is the most tokens it has (an n-gram continuation found in the context), None
-    for as many as asked. ``behind`` counts context tokens the source must feed before it can
-    draft (a draft model that skipped the prompt, or steps it sat out): a cost paid once.
-    ``key`` names the acceptance statistics the source's proposals share (n-gram lookups
-    keep one per match length: a 3-token match is right far more often than a 1-token one).
-    ``cost_hint`` prices a draft token as a share of one plain target pass until the source's
-    own cost is measured: a source that runs no model says 0; a draft model is priced at a
-    whole target pass, the most a draft worth running can cost (calibration then measures
-    it). A ``grounded`` source copies text the output is expected to follow (a prediction, an
-    n-gram copy in progress): the cost policy may give it blocks past ``k_max`` once it has
-    been right long enough (``CostAwareK``). The first ``sure`` tokens of a block are forced
-    by a grammar, drafted at no cost and priced as accepted (the mask allows nothing else
-    there but another spelling of the same text); the source's acceptance and cost price the
-    tokens after them (a forced key, then a value).
-    A source whose tokens each take a pass of a draft model (``passes``) keeps its stream
-    out of one round per token when streams share passes.
+    ``limit`` is the most tokens it has (an n-gram continuation found in the context), None for
+    as many as asked. ``behind`` counts context tokens the source must feed before it can draft
+    (a draft model that skipped the prompt, or steps it sat out): a cost paid once. ``key``
+    names the acceptance statistics the source's proposals share (n-gram lookups keep one per
+    match length: a 3-token match is right far more often than a 1-token one). ``cost_hint``
+    prices a draft token as a share of one plain target pass until the source's own cost is
+    measured: a source that runs no model says 0; a draft model is priced at a whole target
+    pass, the most a draft worth running can cost (calibration then measures it). A
+    ``grounded`` source copies text the output is expected to follow (a prediction, an n-gram
+    copy in progress): the cost policy may give it blocks past ``k_max`` once it has been right
+    long enough (``CostAwareK``). A source that ``follows`` text the request says the output
+    follows (OpenAI's prediction: a claim of the caller's, where an n-gram copy is a guess of
+    the drafter's) is priced, while a run of its tokens is kept, at least at Laplace's rule
+    over the run: after ``r`` kept in a row, the next is kept with chance ``(r + 1) / (r +
+    2)``, a confidence the acceptance's few blocks of memory cannot reach. The first ``sure``
+    tokens of a block are forced by a grammar, drafted at no cost and priced as accepted (the
+    mask allows nothing else there but another spelling of the same text); the source's
+    acceptance and cost price the tokens after them (a forced key, then a value). A source
+    whose tokens each take a pass of a draft model (``passes``) keeps its stream out of one
+    round per token when streams share passes.
     """
 
     source: str
@@ -42,6 +46,7 @@ class Offer:
     key: str = ""
     cost_hint: float = 1.0
     grounded: bool = False
+    follows: bool = False
     sure: int = 0
     passes: bool = False
 

@@ -283,7 +283,7 @@ class PredictionDrafter:
         # followed yet), whose blocks stay short, and a place the output follows, grounded.
         if not self._confirmed:
             return (Offer(PREDICTION, limit=self.left, key=f"{PREDICTION}:found", cost_hint=0.0),)
-        return (Offer(PREDICTION, limit=self.left, key=PREDICTION, cost_hint=0.0, grounded=True),)
+        return (Offer(PREDICTION, limit=self.left, key=PREDICTION, cost_hint=0.0, grounded=True, follows=True),)
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Passes[Proposal]:
         self._follow(context)

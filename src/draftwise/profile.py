@@ -157,14 +157,14 @@ class Acceptance:
             out.append(min(cap, rate + math.sqrt(0.5 * confidence / (tried + 1))) if optimistic else rate)
         return out
 
-    def expected(self, k: int, optimistic: bool = False, steps: int = 0) -> list[float]:
+    def expected(self, k: int, optimistic: bool = False, steps: int = 0, floor: float = 0.0) -> list[float]:
         """Tokens a block of 0 to ``k`` guessed tokens is expected to emit: those kept in a row,
-        plus the target's own.
+        plus the target's own; each position's rate at least ``floor``.
 
-        Example: rates [0.9, 0.5] -> [1, 1.9, 2.35]."""
+        Example: rates [0.9, 0.5] -> [1, 1.9, 2.35]; with floor 0.8 -> [1, 1.9, 2.62]."""
         tokens, reach = [1.0], 1.0
         for rate in self.rates(k, optimistic, steps):
-            reach *= rate
+            reach *= max(rate, floor)
             tokens.append(tokens[-1] + reach)
         return tokens
 
