@@ -239,10 +239,9 @@ class CostAwareK:
         catchup = offer.behind * self._price(
             self.profile.catchup_token_seconds, offer.source, self.pass_times.row(), optimistic
         )
-        run = self._runs.get(offer.stats_key, 0) if offer.follows else -1  # Laplace's rule over it (``Offer``)
-        expected = self.acceptance(offer.stats_key).expected(
-            max(0, top - offer.sure), optimistic, self.steps, (run + 1) / (run + 2)
-        )
+        run = self._runs.get(offer.stats_key, 0)
+        floor = (run + 1) / (run + 2) if offer.follows else 0.0  # Laplace's rule over its run (``Offer``)
+        expected = self.acceptance(offer.stats_key).expected(max(0, top - offer.sure), optimistic, self.steps, floor)
         arms = []
         for k in range(1, top + 1):
             guessed = max(0, k - offer.sure)
