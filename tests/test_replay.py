@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +146,14 @@ def test_replay_s_mistakes_are_one_line(args, says):
     done = run_cli_here("replay", *args)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert says in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_recording_with_a_foreign_budget_is_one_line(recording, tmp_path):
+    line = json.loads(recording.to_json())
+    line["budget"] = "lots"
+    path = tmp_path / "foreign.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    amd = Path(__file__).parent / "data" / "hosts" / "amd-epyc.json"
+    done = run_cli_here("replay", "--recording", str(path), "--hosts", str(amd))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "not a recording written by draftwise replay --record" in done.stderr.strip().splitlines()[-1]

@@ -135,10 +135,9 @@ class Recording:
             Position(tuple(Offer(**o) for o in p["offers"]), {source: tuple(b) for source, b in p["blocks"].items()})
             for p in data["positions"]
         )
-        continuation = tuple(data["continuation"])
-        return cls(
-            data["prompt_id"], data["subtask"], data["prompt_tokens"], continuation, positions, data.get("budget")
-        )
+        continuation, budget = tuple(data["continuation"]), data.get("budget")
+        budget = None if budget is None else int(budget)  # a foreign value: one line (``read_recordings``)
+        return cls(data["prompt_id"], data["subtask"], data["prompt_tokens"], continuation, positions, budget)
 
 
 def record(
