@@ -215,7 +215,8 @@ def test_draftwise_is_set_against_the_best_llama_server_configuration():
     assert by_level[4]["best"] == "llama-server-spec" and by_level[4]["ratio"] == pytest.approx(1.2)
     assert by_level[1]["best"] is None and by_level[1]["ratio"] is None
     table = "\n".join(ratio_table(against_llama(rows)))
-    assert "| 4 | 30.0 | llama-server-spec | 25.0 | 1.20x |" in table and "| 1 | 10.0 | n/a | n/a | n/a |" in table
+    assert "| 4 | 30.0 | llama-server-spec | 25.0 |  | 1.20x |" in table  # its drafts: blank, not said
+    assert "| 1 | 10.0 | n/a | n/a |  | n/a |" in table
 
 
 def test_requests_are_summed_by_their_place_in_their_subtasks_sequence():
@@ -263,10 +264,11 @@ def test_rows_and_mismatches_are_tabled():
         "identical_to_alone": 2,
     }
     line = "| draftwise | 2 | 3 | 0 | 60 | 2.0 | 30.0 | 10.0 | 12.5 | 9.0 | 0.200 | n/a | 2.00 | 2.90 | 40 | 0 | 2/3 "
-    line += "| 2/3 |"
-    assert rows_table([row])[2] == line
+    line += "| 2/3 | 60 (50% kept) |"
+    assert rows_table([row | {"drafted": {"proposed": 60, "kept": 30}}])[2] == line
     unreported = {**row, "accepted_prediction_tokens": None, "rejected_prediction_tokens": None, "parsed_json": None}
-    assert "| 2.90 |  |  |  | 2/3 |" in rows_table([unreported])[2]  # blank: no prediction count, no JSON task
+    # blank: no prediction count, no JSON task, no draft count said
+    assert "| 2.90 |  |  |  | 2/3 |  |" in rows_table([unreported])[2]
     assert len(rows_table([row])[0].split("|")) == len(rows_table([row])[1].split("|")) == len(line.split("|"))
     audits = [
         {"server": "s", "concurrency": 2, "prompt_id": "x", "position": 4, "alone_token": " a"}
@@ -835,6 +837,11 @@ def test_smollm2_code_edits_through_draftwise_and_the_n_gram_llama_servers(tmp_p
     accepted = {row["server"]: row["accepted_prediction_tokens"] for row in summary["rows"]}
     assert accepted["draftwise"] is not None and accepted["draftwise-noprediction"] is None
     assert accepted["llama-server-ngram-mod"] is None
+    drafted = {row["server"]: row["drafted"] for row in summary["rows"]}
+    # ngram-mod drafts only blocks of 48 tokens or more, which 8 cannot hold: read from its log, none
+    assert drafted["llama-server-ngram-mod"] == {"proposed": 0, "kept": 0}
+    assert drafted["llama-server-ngram-simple"]["proposed"] >= drafted["llama-server-ngram-simple"]["kept"] >= 0
+    assert drafted["draftwise"]["kept"] >= accepted["draftwise"] and drafted["draftwise-noprediction"] is not None
     report = (tmp_path / "report.md").read_text()
     assert "--spec-type ngram-simple" in report and "--spec-type ngram-mod" in report
 

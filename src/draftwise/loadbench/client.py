@@ -186,3 +186,19 @@ def run_level(
     the wall time from the first request sent to the last stream ended. With ``predict``, the
     edit tasks' requests carry their predictions."""
     return asyncio.run(_level(endpoint, prompts, clients, max_tokens, timeout, on_answer, predict))
+
+
+def page(endpoint: Endpoint, path: str, timeout: float = 30.0) -> str | None:
+    """The text a GET of ``path`` answers with, or None where the server has no such page (or
+    did not answer)."""
+    import httpx
+
+    async def get() -> str | None:
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False, transport=endpoint.transport) as http:
+            answer = await http.get(endpoint.base + path)
+            return answer.text if answer.status_code == 200 else None
+
+    try:
+        return asyncio.run(get())
+    except httpx.HTTPError:
+        return None

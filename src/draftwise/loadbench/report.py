@@ -85,13 +85,21 @@ def _count(value: int | None) -> str:
     return "" if value is None else str(value)  # blank: the server reported no such count
 
 
+def _drafted(value: dict[str, int] | None) -> str:
+    """Draft tokens and the share kept; blank where the server did not say."""
+    if value is None:
+        return ""
+    proposed, kept = value["proposed"], value["kept"]
+    return f"{proposed} ({kept / proposed:.0%} kept)" if proposed else "0"
+
+
 def rows_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = [
         "| server | C | requests | errors | tokens | wall s | tok/s | request tok/s p50 | decode tok/s "
         "| decode tok/s after the 1st chunk | TTFT p50 s "
         "| TTFT p95 s | latency p50 s | latency p95 s | prediction accepted | prediction rejected "
-        "| JSON answers | identical to alone |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| JSON answers | identical to alone | drafted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -101,17 +109,21 @@ def rows_table(rows: Sequence[dict[str, Any]]) -> list[str]:
             f"| {_fmt(r['ttft_p50_s'], '.3f')} | {_fmt(r['ttft_p95_s'], '.3f')} "
             f"| {_fmt(r['latency_p50_s'], '.2f')} | {_fmt(r['latency_p95_s'], '.2f')} "
             f"| {_count(r['accepted_prediction_tokens'])} | {_count(r['rejected_prediction_tokens'])} "
-            f"| {_parsed(r.get('parsed_json'))} | {_identical(r)} |"
+            f"| {_parsed(r.get('parsed_json'))} | {_identical(r)} | {_drafted(r.get('drafted'))} |"
         )
     return lines
 
 
 def ratio_table(ratios: Sequence[dict[str, Any]]) -> list[str]:
-    lines = ["| C | draftwise tok/s | best llama-server | its tok/s | draftwise / best |", "|---|---|---|---|---|"]
+    lines = [
+        "| C | draftwise tok/s | best llama-server | its tok/s | its drafts | draftwise / best |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in ratios:
         lines.append(
             f"| {r['concurrency']} | {_fmt(r['draftwise_tok_s'], '.1f')} | {r['best'] or 'n/a'} "
-            f"| {_fmt(r['best_tok_s'], '.1f')} | {_fmt(r['ratio'], '.2f')}{'x' if r['ratio'] is not None else ''} |"
+            f"| {_fmt(r['best_tok_s'], '.1f')} | {_drafted(r.get('best_drafted'))} "
+            f"| {_fmt(r['ratio'], '.2f')}{'x' if r['ratio'] is not None else ''} |"
         )
     return lines
 
@@ -218,6 +230,10 @@ then runs with `--jinja`).
   (blank where the server reported none).
 - JSON answers: the structured-output answers that parse as JSON (a tool call's: its arguments),
   of those answered (blank without such tasks).
+- drafted: the draft tokens the server proposed over the run's requests (the warm-up left out)
+  and the share its target kept, as the server says: draftwise's `/metrics` counters, read before
+  and after; llama-server's log line as each request ends. `0`: a speculative configuration that
+  drafted nothing decoded plainly, and what sets it apart from plain decoding is not speculation.
 - identical to alone: the answer's text equals the same prompt's answer on the same server at C = 1.
   Where it differs, both texts are tokenized with the target's tokenizer and the target (loaded in
   the benchmark's process) gives its top-2 logit gap before the first differing token."""

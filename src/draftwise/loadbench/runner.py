@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from draftwise.bench.store import ResultStore
-from draftwise.loadbench.client import Answer, Endpoint, run_level
+from draftwise.loadbench.client import Answer, Endpoint, page, run_level
 from draftwise.loadbench.config import DRAFTWISE_SERVERS, LLAMA_SERVERS, LoadConfig, LoadError, sends_prediction
+from draftwise.loadbench.drafted import Drafted, from_llama_log, from_metrics
 from draftwise.loadbench.prompts import LoadPrompt, load_prompts
 from draftwise.loadbench.servers import (
     Server,
@@ -133,10 +134,21 @@ class LoadBench:
             with in_process(draftwise_settings(self.config, level, name)) as transport:
                 yield Endpoint(IN_PROCESS, server.model, transport), f"{server.shown} (in process, without HTTP)"
             return
-        log = self.config.out / LOGS / f"{name}-c{level}.log"
+        log = self._log_of(name, level)
         self.log(f"starting {name} with {level} slot(s) (log: {log})")
         with running(server, log, self.config.startup_timeout) as base:
             yield Endpoint(base, server.model), server.shown
+
+    def _log_of(self, name: str, level: int) -> Path:
+        return self.config.out / LOGS / f"{name}-c{level}.log"
+
+    def _drafted(self, name: str, level: int, counted: Drafted | None) -> Drafted | None:
+        """What the run drafted: draftwise's counts (``counted``, from ``/metrics``), else a
+        llama-server's started here, from its log; None where neither says."""
+        log = self._log_of(name, level)
+        if counted is not None or self.config.url is not None or name not in LLAMA_SERVERS or not log.exists():
+            return counted
+        return from_llama_log(log.read_text(errors="replace"), skip_first=self.config.warmup)
 
     def _warm_up(self, endpoint: Endpoint, name: str) -> None:
         """One short untimed request; a server that cannot answer it stops the benchmark."""
@@ -152,6 +164,7 @@ class LoadBench:
         with self._serving(name, level) as (endpoint, command):
             if config.warmup:
                 self._warm_up(endpoint, name)
+            before = from_metrics(page(endpoint, "/metrics") or "")
             answers, wall = run_level(
                 endpoint,
                 self.prompts,
@@ -161,6 +174,8 @@ class LoadBench:
                 lambda a: advance(),
                 predict=sends_prediction(name),
             )
+            after = from_metrics(page(endpoint, "/metrics") or "")
+        drafted = self._drafted(name, level, after - before if after is not None and before is not None else None)
         failed = [a for a in answers if not a.ok]
         if len(failed) == len(answers):  # nothing measured: say why rather than store it
             raise LoadError(f"{name} C={level}: every request failed, the first with {failed[0].error}")
@@ -175,6 +190,7 @@ class LoadBench:
             "wall_s": wall,
             "requests": len(answers),
             "command": command,
+            "drafted": drafted.record() if drafted is not None else None,
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }
         for answer in answers:

@@ -208,6 +208,7 @@ def summarize(run: Run, alone: dict[str, str] | None, count: Count | None = None
         "parsed_json": parsed_json(ok),
         "compared_to_alone": compared,
         "identical_to_alone": identical,
+        "drafted": run.record.get("drafted"),  # {"proposed", "kept"}: what the server says it drafted
     }
 
 
@@ -245,8 +246,16 @@ def against_llama(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         theirs = [(row["tok_s"], name) for name, row in at.items() if name in LLAMA_SERVERS and row["tok_s"]]
         best_tok_s, best = max(theirs) if theirs else (None, None)
         ratio = mine / best_tok_s if mine is not None and best_tok_s else None
+        drafted = at[best].get("drafted") if best is not None else None
         out.append(
-            {"concurrency": level, "draftwise_tok_s": mine, "best": best, "best_tok_s": best_tok_s, "ratio": ratio}
+            {
+                "concurrency": level,
+                "draftwise_tok_s": mine,
+                "best": best,
+                "best_tok_s": best_tok_s,
+                "ratio": ratio,
+                "best_drafted": drafted,
+            }
         )
     return out
 
