@@ -134,7 +134,7 @@ def test_a_sweep_replays_the_policy_at_each_value_against_the_same_baselines(rec
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        ((), "--record FILE (decode the prompts now) or --recording FILE"),
+        ((), "--record FILE (decode the prompts now), --recording FILE (replay one) or --answers FILE"),
         (("--recording", "missing.jsonl", "--hosts", "missing.json"), "host profile missing.json: No such file"),
         (("--recording", "r.jsonl", "--vary", "speed=1"), "--vary speed: the cost policy's settings are allowance"),
         (("--recording", "r.jsonl", "--vary", "opening="), "give the values to replay"),

@@ -70,6 +70,12 @@ class ReplayConfig(BaseModel):
         description="NAME=V1,V2,...: replay the cost policy with each value of one of its settings "
         "(DraftConfig.cost: allowance, opening, growth, ...) beside plain and the best fixed configuration",
     )
+    answers: Path | None = Field(
+        None,
+        description="a draftwise load run's results.jsonl: instead of a replay, the copy ceiling of its answers "
+        "(--data: the prompts it sent) from the third request of each subtask on, on each host",
+    )
+    answers_of: str = Field("draftwise-off", description="the server whose answers at one client --answers reads")
 
     @model_validator(mode="before")
     @classmethod

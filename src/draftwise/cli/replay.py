@@ -34,7 +34,8 @@ def replay(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions
     replay plain decoding, the cost policy from a cold start and every fixed configuration over
     it on each host profile (--hosts a.json,b.json): tokens per second by subtask, and the
     best fixed configuration in hindsight; with --vary NAME=V1,V2, the cost policy at each
-    value of one of its settings."""
+    value of one of its settings. With --answers RESULTS (a draftwise load run's), the most
+    that drafting from earlier text could give its answers on each host instead."""
     from rich.console import Console
     from rich.table import Table
 
@@ -42,11 +43,18 @@ def replay(given: dict[Any, dict[str, Any]], models: ModelOptions = ModelOptions
 
     config = built(ReplayConfig, aliases=ALIASES, **given[ReplayConfig])
     source = config.recording or config.record
-    if source is None:
-        raise ConfigError("--record FILE (decode the prompts now) or --recording FILE (replay one): give one")
+    if source is None and config.answers is None:
+        raise ConfigError(
+            "--record FILE (decode the prompts now), --recording FILE (replay one) or --answers FILE "
+            "(a load run's copy ceiling): give one"
+        )
     hosts = read_hosts(config.hosts)
     if not hosts:
         raise ConfigError("--hosts: name at least one host profile (JSON with pass_ms, as tests/data/hosts)")
+    if config.answers is not None:
+        _ceilings(config, models, hosts)
+        return
+    assert source is not None
     if config.record is not None:
         note(f"recording to {record_prompts(config, models, note)}")
     groups = by_subtask(read_recordings(source))
@@ -98,6 +106,43 @@ def _sweep(vary: str, groups: dict[str, list[Recording]], hosts: dict[str, CostP
             table.add_row(group, *(f"{row.over_plain[group]:.2f}x, {row.over_best[group]:.2f}" for row in rows))
         worst = (f"{min(row.over_plain.values()):.2f}x, {min(row.over_best.values()):.2f}" for row in rows)
         table.add_row("worst", *worst)
+        Console(width=max(120, Console().width)).print(table)
+
+
+def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostProfile]) -> None:
+    """``--answers``: per host, each subtask's copy ceiling from its third request on, beside
+    the host's limit for sure drafts (``draftwise.bench.ceiling``)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from draftwise.bench.ceiling import CEILING_FROM, answered, copy_ceiling, sure_limit
+    from draftwise.bench.dataset import load_prompts
+    from draftwise.config import MAX_BLOCK
+    from draftwise.loading import load_tokenizer
+
+    assert config.answers is not None
+    answers = answered(config.answers, config.answers_of)
+    tokenizer = load_tokenizer(config.target, models)
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    sequences: dict[str, list[tuple[list[int], list[int]]]] = {}
+    for prompt in load_prompts(config.data):
+        if prompt.id in answers:
+            sequences.setdefault(prompt.subtask, []).append((ids("\n".join(prompt.turns)), ids(answers[prompt.id])))
+    if not sequences:
+        raise ConfigError(f"--answers: none of its answers is to a prompt of {config.data} (--data)")
+    for name, host in hosts.items():
+
+        def seconds(rows: int, host: CostProfile = host) -> float:
+            return host.pass_times.at(rows) or 0.0
+
+        limit = sure_limit(seconds, MAX_BLOCK)
+        table = Table("subtask", "answers", "tokens", "copy ceiling", "host limit", title=f"the copy ceiling on {name}")
+        for subtask, turns in sequences.items():
+            found = copy_ceiling(turns, seconds, MAX_BLOCK - 1, CEILING_FROM)
+            table.add_row(subtask, str(found.answers), str(found.tokens), f"{found.speedup:.2f}x", f"{limit:.2f}x")
         Console(width=max(120, Console().width)).print(table)
 
 

@@ -1,0 +1,73 @@
+"""The copy ceiling: the most drafting from earlier text could give a workload on a host's curve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftwise.bench.ceiling import copy_ceiling, copyable, fastest, sure_limit
+
+from cli_support import run_cli_here
+
+CURVE = {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.4}
+
+
+def test_the_docstring_s_example_one_block_and_its_bonus_token():
+    assert copyable([1, 2, 3, 9], [[0, 1, 2, 3, 5]], longest=10) == [3, 2, 1, 0]
+    assert fastest([3, 2, 1, 0], CURVE.__getitem__) == pytest.approx(2.4)
+    assert fastest([0, 0, 0, 0], CURVE.__getitem__) == pytest.approx(4.0)  # nothing to copy: plain steps
+    assert fastest([3, 2, 1, 0], lambda rows: float(rows)) == pytest.approx(4.0)  # rows at plain cost: no gain
+
+
+def test_an_answer_copies_itself_only_from_what_it_has_written():
+    # 5 6 5 6 5 6 7: the second "5 6" copies the first; the third copies a "5 6" whose next
+    # token, 5, is not the 7 it needs; "6 7" nowhere, a lone 6 earlier.
+    assert copyable([5, 6, 5, 6, 5, 6, 7], [], longest=10) == [0, 0, 2, 2, 2, 1, 0]
+    assert copyable([5, 6, 5, 6], [[5, 6, 5, 6, 8]], longest=3) == [3, 3, 2, 1]
+
+
+def test_an_answer_repeated_word_for_word_is_one_block_from_the_third_request_on():
+    answer = list(range(10, 20))
+    turns = [([1, 2], answer)] * 4
+    linear = {rows: 1.0 + 0.25 * (rows - 1) for rows in range(1, 65)}
+    found = copy_ceiling(turns, linear.__getitem__, longest=63, start=3)
+    assert (found.answers, found.tokens) == (2, 20)
+    # Each of the last two: 9 tokens drafted and the tenth the target's own, one pass of 10 rows.
+    assert found.seconds == pytest.approx(2 * linear[10]) and found.plain_seconds == pytest.approx(20.0)
+    assert found.speedup == pytest.approx(10 / linear[10])
+    assert copy_ceiling(turns[:1], linear.__getitem__, 63, start=1).speedup == pytest.approx(1.0)  # nothing earlier
+
+
+def test_the_host_limit_is_the_best_rows_per_plain_step():
+    assert sure_limit(CURVE.__getitem__, 4) == pytest.approx(max(2 / 1.5, 3 / 1.8, 4 / 2.4))
+
+
+def _load_results(tmp_path, answers: dict[str, str]):
+    data = tmp_path / "prompts.jsonl"
+    results = tmp_path / "results.jsonl"
+    lines, records = [], []
+    for n, (pid, text) in enumerate(answers.items(), 1):
+        lines.append(json.dumps({"id": pid, "subtask": "template", "turns": [f"Record {n}: write it out."]}))
+        for server in ("draftwise-off", "llama-server"):
+            request = {"kind": "request", "server": server, "concurrency": 1, "prompt_id": pid, "ok": True}
+            records.append(json.dumps(request | {"text": text if server == "draftwise-off" else "other"}))
+    data.write_text("\n".join(lines) + "\n")
+    results.write_text("\n".join(records) + "\n")
+    return data, results
+
+
+def test_a_load_run_s_answers_through_the_cli_give_each_host_s_ceiling(tmp_path):
+    same = '{"type": "function", "function": {"name": "dedent", "parameters": {"type": "object"}}}'
+    data, results = _load_results(tmp_path, {f"p{i}": same for i in range(1, 5)})
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"pass_ms": {"1": 50, "4": 60, "16": 120, "64": 400}}))
+    args = ["replay", "--answers", str(results), "--data", str(data), "--target", "tiny:0", "--hosts", str(host)]
+    done = run_cli_here(*args)
+    assert done.returncode == 0, done.stderr
+    assert "the copy ceiling on host" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if "template" in line)
+    cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+    assert cells[:2] == ["template", "2"] and float(cells[3].rstrip("x")) > 2.0  # repeated whole: long blocks
+    other = run_cli_here(*args[:-2], "--hosts", str(host), "--answers-of", "draftwise")
+    assert other.returncode == 2 and "holds no answer of draftwise at one client" in other.stderr
