@@ -6,7 +6,11 @@ import json
 
 import pytest
 
-from draftwise.bench.ceiling import copy_ceiling, copyable, fastest, sure_limit
+from draftwise.bench.ceiling import copy_ceiling, copyable, fastest, suffix_recordings, sure_limit
+from draftwise.bench.replay import in_turn, replay
+from draftwise.config import DraftConfig, GenerationConfig, SuffixConfig
+from draftwise.policies import FixedK
+from draftwise.profile import CostProfile
 
 from cli_support import run_cli_here
 
@@ -43,6 +47,27 @@ def test_the_host_limit_is_the_best_rows_per_plain_step():
     assert sure_limit(CURVE.__getitem__, 4) == pytest.approx(max(2 / 1.5, 3 / 1.8, 4 / 2.4))
 
 
+def _host(curve: dict[int, float]) -> CostProfile:
+    host = CostProfile()
+    for rows, seconds in curve.items():
+        host.pass_times.add(rows, seconds)
+    return host
+
+
+def test_a_sequence_s_answers_are_walked_with_the_suffix_source_over_the_answers_before_each():
+    answer = list(range(100, 140))
+    turns = [([1, 2, 3], answer)] * 3
+    first, _, third = suffix_recordings(turns, GenerationConfig(max_new_tokens=64), SuffixConfig())
+    assert not any(o.source == "suffix" for p in first.positions for o in p.offers)  # nothing written before
+    opening = third.positions[0]
+    assert [o.source for o in opening.offers] == ["suffix"] and list(opening.blocks["suffix"]) == answer
+    assert third.continuation == tuple(answer) and third.budget == 64
+    cheap = _host({1: 0.05, 4: 0.06, 16: 0.08, 64: 0.2})
+    plain, policy = in_turn([first, _, third], cheap, DraftConfig(), start=3)
+    assert plain == pytest.approx(len(answer) / replay(third, FixedK(0), cheap, ()).seconds)
+    assert policy > 2 * plain  # the third answer is the first one again: long blocks on a cheap curve
+
+
 def _load_results(tmp_path, answers: dict[str, str]):
     data = tmp_path / "prompts.jsonl"
     results = tmp_path / "results.jsonl"
@@ -68,6 +93,9 @@ def test_a_load_run_s_answers_through_the_cli_give_each_host_s_ceiling(tmp_path)
     assert "the copy ceiling on host" in done.stdout
     row = next(line for line in done.stdout.splitlines() if "template" in line)
     cells = [cell.strip() for cell in row.strip("│ ").split("│")]
-    assert cells[:2] == ["template", "2"] and float(cells[3].rstrip("x")) > 2.0  # repeated whole: long blocks
+    assert cells[:2] == ["template", "2"]
+    plain, policy, over, ceiling = float(cells[3]), float(cells[4]), cells[5], float(cells[6].rstrip("x"))
+    assert plain == pytest.approx(20.0, abs=0.1) and float(over.rstrip("x")) == pytest.approx(policy / plain, abs=0.02)
+    assert ceiling > 2.0 and 1.0 < policy / plain <= ceiling + 0.01  # repeated whole: long blocks
     other = run_cli_here(*args[:-2], "--hosts", str(host), "--answers-of", "draftwise")
     assert other.returncode == 2 and "holds no answer of draftwise at one client" in other.stderr

@@ -392,6 +392,9 @@ class CrossVocabDrafter:
             sync(self.lm, self.draft_ids.ids)
 
 
+LOOKUP_MIN_N = 3  # the hybrid's shortest suffix that prompt lookup drafts after (see below)
+
+
 class HybridDrafter:
     """Prompt lookup where the context repeats itself, the draft model everywhere else.
 
@@ -406,7 +409,7 @@ class HybridDrafter:
     the draft model's offer would come first.
     """
 
-    def __init__(self, model: ModelDrafter | CrossVocabDrafter, min_n: int = 3) -> None:
+    def __init__(self, model: ModelDrafter | CrossVocabDrafter, min_n: int = LOOKUP_MIN_N) -> None:
         self.model = model
         self.ngram = NGramDrafter(min_n=min_n)
 

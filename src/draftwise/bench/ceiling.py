@@ -23,7 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftwise.bench.replay import Recording, walk
+from draftwise.config import GenerationConfig, SuffixConfig
+from draftwise.drafters import LOOKUP_MIN_N, NGramDrafter, Sources
 from draftwise.errors import ConfigError
+from draftwise.suffix import SuffixStore
 
 # The request of a sequence from which the ceiling is taken: the first has no earlier answer to
 # copy, the second one, and from the third on a workload shows what repeating itself earns.
@@ -126,3 +130,18 @@ def answered(results: Path, server: str) -> dict[str, str]:
     if not found:
         raise ConfigError(f"--answers: {results} holds no answer of {server} at one client (see --answers-of)")
     return found
+
+
+def suffix_recordings(
+    turns: Sequence[tuple[Sequence[int], Sequence[int]]], config: GenerationConfig, suffix: SuffixConfig
+) -> list[Recording]:
+    """What prompt lookup and the suffix source, over the answers before each, would draft along
+    each answer of a sequence (``replay``'s recordings, without a model: a draft model's offers
+    are left out), the answers added to one scope of a store in turn, as a server adds them."""
+    store, scope = SuffixStore(suffix), "replay"
+    recordings = []
+    for n, (prompt, answer) in enumerate(turns, 1):
+        drafter = Sources((NGramDrafter(min_n=LOOKUP_MIN_N), store.drafter(scope)))
+        recordings.append(walk(drafter, prompt, answer, config, prompt_id=str(n)))
+        store.add(scope, prompt, answer)
+    return recordings

@@ -161,19 +161,33 @@ def record(
     (the cost policy may give such a copy long blocks), ``k_max`` of one that runs a model."""
     greedy = config.model_copy(update={"sampling": config.sampling.model_copy(update={"temperature": 0.0})})
     continuation = tuple(autoregressive(target).generate(list(prompt), greedy).tokens)
-    drafter.start(prompt, greedy, None)
+    return walk(drafter, prompt, continuation, greedy, prompt_id=prompt_id, subtask=subtask)
+
+
+def walk(
+    drafter: Drafter,
+    prompt: Sequence[int],
+    continuation: Sequence[int],
+    config: GenerationConfig,
+    *,
+    prompt_id: str = "",
+    subtask: str = "",
+) -> Recording:
+    """What ``drafter`` offers and proposes at each position of ``continuation`` after
+    ``prompt`` (``record``'s walk, for a continuation already known)."""
+    drafter.start(prompt, config, None)
     positions = []
     for i in range(len(continuation)):
         context = [*prompt, *continuation[:i]]
         offers = drafter.offers(context)
         blocks = {
-            o.source: tuple(drive(drafter.propose(context, _longest(o, greedy.draft), o.source)).tokens.tolist())
+            o.source: tuple(drive(drafter.propose(context, _longest(o, config.draft), o.source)).tokens.tolist())
             for o in offers
         }
         positions.append(Position(offers, blocks))
         # Whatever was drafted, the next position follows the continuation's own token.
         drafter.observe([*context, continuation[i]], Verdict(0, continuation[i], 0))
-    return Recording(prompt_id, subtask, len(prompt), continuation, tuple(positions), config.max_new_tokens)
+    return Recording(prompt_id, subtask, len(prompt), tuple(continuation), tuple(positions), config.max_new_tokens)
 
 
 def _longest(offer: Offer, draft: DraftConfig) -> int:
@@ -281,6 +295,16 @@ def compare(recordings: Sequence[Recording], host: CostProfile, draft: DraftConf
 def policy_rate(recordings: Sequence[Recording], host: CostProfile, draft: DraftConfig) -> float:
     """Tokens per second of the cost policy over ``recordings``, a fresh, cold one per recording."""
     return _rate(replay(r, CostAwareK(draft, copy.deepcopy(host)), host) for r in recordings)
+
+
+def in_turn(recordings: Sequence[Recording], host: CostProfile, draft: DraftConfig, start: int) -> tuple[float, float]:
+    """(plain decoding's, the cost policy's) tokens per second over ``recordings`` from the
+    ``start``-th (1-based) on, the policy replayed over all of them in order with one profile,
+    as a server's requests share theirs: what it learnt of each source carries to the next."""
+    profile = copy.deepcopy(host)
+    runs = [replay(r, CostAwareK(draft, profile), host) for r in recordings]
+    plain = [replay(r, FixedK(0), host, ()) for r in recordings]
+    return _rate(plain[start - 1 :]), _rate(runs[start - 1 :])
 
 
 @dataclass(frozen=True)

@@ -110,14 +110,17 @@ def _sweep(vary: str, groups: dict[str, list[Recording]], hosts: dict[str, CostP
 
 
 def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostProfile]) -> None:
-    """``--answers``: per host, each subtask's copy ceiling from its third request on, beside
-    the host's limit for sure drafts (``draftwise.bench.ceiling``)."""
+    """``--answers``: per host, each subtask's answers from its third request on, decoded plainly,
+    by the cost policy drafting from prompt lookup and the earlier answers (one profile over the
+    sequence, as a server's), and at the copy ceiling; the host's limit for sure drafts in the
+    title (``draftwise.bench.ceiling``)."""
     from rich.console import Console
     from rich.table import Table
 
-    from draftwise.bench.ceiling import CEILING_FROM, answered, copy_ceiling, sure_limit
+    from draftwise.bench.ceiling import CEILING_FROM, answered, copy_ceiling, suffix_recordings, sure_limit
     from draftwise.bench.dataset import load_prompts
-    from draftwise.config import MAX_BLOCK
+    from draftwise.bench.replay import in_turn
+    from draftwise.config import MAX_BLOCK, DraftConfig, GenerationConfig, SuffixConfig
     from draftwise.loading import load_tokenizer
 
     assert config.answers is not None
@@ -133,16 +136,28 @@ def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostP
             sequences.setdefault(prompt.subtask, []).append((ids("\n".join(prompt.turns)), ids(answers[prompt.id])))
     if not sequences:
         raise ConfigError(f"--answers: none of its answers is to a prompt of {config.data} (--data)")
+    generation = GenerationConfig(max_new_tokens=config.max_new_tokens)
+    recorded = {subtask: suffix_recordings(turns, generation, SuffixConfig()) for subtask, turns in sequences.items()}
+    heads = ("subtask", "answers", "tokens", "plain tok/s", "policy tok/s", "policy / plain", "copy ceiling")
     for name, host in hosts.items():
 
         def seconds(rows: int, host: CostProfile = host) -> float:
             return host.pass_times.at(rows) or 0.0
 
-        limit = sure_limit(seconds, MAX_BLOCK)
-        table = Table("subtask", "answers", "tokens", "copy ceiling", "host limit", title=f"the copy ceiling on {name}")
+        title = f"the copy ceiling on {name} (the most drafting can give there: {sure_limit(seconds, MAX_BLOCK):.2f}x)"
+        table = Table(*heads, title=title)
         for subtask, turns in sequences.items():
             found = copy_ceiling(turns, seconds, MAX_BLOCK - 1, CEILING_FROM)
-            table.add_row(subtask, str(found.answers), str(found.tokens), f"{found.speedup:.2f}x", f"{limit:.2f}x")
+            plain, policy = in_turn(recorded[subtask], host, DraftConfig(), CEILING_FROM)
+            table.add_row(
+                subtask,
+                str(found.answers),
+                str(found.tokens),
+                f"{plain:.1f}",
+                f"{policy:.1f}",
+                f"{policy / plain:.2f}x",
+                f"{found.speedup:.2f}x",
+            )
         Console(width=max(120, Console().width)).print(table)
 
 
