@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from draftwise.bench.ceiling import copy_ceiling, copyable, fastest, suffix_recordings, sure_limit
+from draftwise.bench.ceiling import copy_ceiling, copyable, fastest, host_limit, suffix_recordings
 from draftwise.bench.replay import in_turn, replay
 from draftwise.config import DraftConfig, GenerationConfig, SuffixConfig
 from draftwise.policies import FixedK
@@ -44,7 +44,7 @@ def test_an_answer_repeated_word_for_word_is_one_block_from_the_third_request_on
 
 
 def test_the_host_limit_is_the_best_rows_per_plain_step():
-    assert sure_limit(CURVE.__getitem__, 4) == pytest.approx(max(2 / 1.5, 3 / 1.8, 4 / 2.4))
+    assert host_limit(CURVE.__getitem__, 4) == pytest.approx(max(2 / 1.5, 3 / 1.8, 4 / 2.4))
 
 
 def _host(curve: dict[int, float]) -> CostProfile:

@@ -105,9 +105,10 @@ def copy_ceiling(
     return Ceiling(answers, tokens, plain, fast)
 
 
-def sure_limit(seconds: Callable[[int], float], largest: int) -> float:
+def host_limit(seconds: Callable[[int], float], largest: int) -> float:
     """The most drafting can give on the host, were every drafted token kept: the best rows
-    per plain step over passes of up to ``largest`` rows."""
+    per plain step over passes of every size up to ``largest`` rows of a profile's curve
+    (``draftwise.bench.curve.sure_limit`` picks the same among the sizes a curve timed)."""
     return max(rows * seconds(1) / seconds(rows) for rows in range(1, largest + 1))
 
 

@@ -303,8 +303,8 @@ def in_turn(recordings: Sequence[Recording], host: CostProfile, draft: DraftConf
     as a server's requests share theirs: what it learnt of each source carries to the next."""
     profile = copy.deepcopy(host)
     runs = [replay(r, CostAwareK(draft, profile), host) for r in recordings]
-    plain = [replay(r, FixedK(0), host, ()) for r in recordings]
-    return _rate(plain[start - 1 :]), _rate(runs[start - 1 :])
+    plain = [replay(r, FixedK(0), host, ()) for r in recordings[start - 1 :]]
+    return _rate(plain), _rate(runs[start - 1 :])
 
 
 @dataclass(frozen=True)

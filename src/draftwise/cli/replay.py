@@ -117,7 +117,7 @@ def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostP
     from rich.console import Console
     from rich.table import Table
 
-    from draftwise.bench.ceiling import CEILING_FROM, answered, copy_ceiling, suffix_recordings, sure_limit
+    from draftwise.bench.ceiling import CEILING_FROM, answered, copy_ceiling, host_limit, suffix_recordings
     from draftwise.bench.dataset import load_prompts
     from draftwise.bench.replay import in_turn
     from draftwise.config import MAX_BLOCK, DraftConfig, GenerationConfig, SuffixConfig
@@ -144,7 +144,7 @@ def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostP
         def seconds(rows: int, host: CostProfile = host) -> float:
             return host.pass_times.at(rows) or 0.0
 
-        title = f"the copy ceiling on {name} (the most drafting can give there: {sure_limit(seconds, MAX_BLOCK):.2f}x)"
+        title = f"the copy ceiling on {name} (the most drafting can give there: {host_limit(seconds, MAX_BLOCK):.2f}x)"
         table = Table(*heads, title=title)
         for subtask, turns in sequences.items():
             found = copy_ceiling(turns, seconds, MAX_BLOCK - 1, CEILING_FROM)
