@@ -3,6 +3,9 @@ answers stay the plain target's, scopes keep API keys apart, the store keeps to 
 shows in /metrics, and its cache file survives a restart (or costs only an empty store).
 
 Tiny in-process models (target seed 0) on uvicorn in a background thread, as test_api.
+The servers price drafting on a recorded host profile (``tests/data/hosts``), held fixed: on
+a tiny model's own times, measured beside the other tests, one slow pass can make sure blocks
+look dear, and how many tokens the suffix source drafted would hang on the machine's load.
 """
 
 from __future__ import annotations
@@ -21,17 +24,19 @@ from draftwise.api.settings import ServerSettings  # noqa: E402
 from draftwise.config import GenerationConfig, SuffixConfig  # noqa: E402
 from draftwise.engine import autoregressive  # noqa: E402
 from draftwise.prepare import Pair  # noqa: E402
+from draftwise.profile import read_host  # noqa: E402
 
 from server_support import metric, serve_in_background, wait_for  # noqa: E402
 
 MODEL = "tiny:0"
 PROMPT = "Once upon a time"
 TOKENS = 24
+HOST = Path(__file__).parent / "data" / "hosts" / "intel-xeon.json"  # a host where sure blocks pay
 
 
 def _serve(target, log=lambda line: None, **suffix) -> Iterator[str]:
     settings = ServerSettings(target=MODEL, suffix=SuffixConfig(**suffix))
-    with serve_in_background(create_app(settings, Pair(target).fork(), log=log)) as url:
+    with serve_in_background(create_app(settings, Pair(target.fork(), None, read_host(HOST)), log=log)) as url:
         yield url
 
 
