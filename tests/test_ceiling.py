@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from draftwise.bench.ceiling import copy_ceiling, copyable, fastest, host_limit, suffix_recordings
+from draftwise.bench.ceiling import Oracle, copy_ceiling, copyable, fastest, host_limit, suffix_recordings
 from draftwise.bench.replay import in_turn, replay
 from draftwise.config import DraftConfig, GenerationConfig, SuffixConfig
 from draftwise.policies import FixedK
@@ -22,6 +22,19 @@ def test_the_docstring_s_example_one_block_and_its_bonus_token():
     assert fastest([3, 2, 1, 0], CURVE.__getitem__) == pytest.approx(2.4)
     assert fastest([0, 0, 0, 0], CURVE.__getitem__) == pytest.approx(4.0)  # nothing to copy: plain steps
     assert fastest([3, 2, 1, 0], lambda rows: float(rows)) == pytest.approx(4.0)  # rows at plain cost: no gain
+
+
+def test_a_draft_model_always_right_drafts_past_the_copies_at_its_price():
+    # Nothing to copy in a b c d: the oracle drafts a b c at 0.1 each, verified in a pass of 4
+    # rows whose last gives d, 2.4 + 0.3 against 4 plain steps (2 drafted and a step: 3.0).
+    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(0.1, 8)) == pytest.approx(2.7)
+    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(0.1, 1)) == pytest.approx(1.6 + 1.6)  # blocks of 1
+    assert fastest([3, 2, 1, 0], CURVE.__getitem__, Oracle(0.1, 8)) == pytest.approx(2.4)  # the copy is free
+    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(1.0, 8)) == pytest.approx(4.0)  # a step a token: no gain
+    turns = [([1, 2], [7, 8, 9, 10])] * 2 + [([1, 2], [3, 4, 5, 6])]
+    found = copy_ceiling(turns, CURVE.__getitem__, longest=3, start=3, oracle=Oracle(0.1, 8))
+    assert found.speedup == pytest.approx(1.0) and found.oracle_speedup == pytest.approx(4.0 / 2.7)
+    assert copy_ceiling(turns, CURVE.__getitem__, longest=3, start=3).oracle_speedup is None
 
 
 def test_an_answer_copies_itself_only_from_what_it_has_written():
@@ -86,7 +99,7 @@ def test_a_load_run_s_answers_through_the_cli_give_each_host_s_ceiling(tmp_path)
     same = '{"type": "function", "function": {"name": "dedent", "parameters": {"type": "object"}}}'
     data, results = _load_results(tmp_path, {f"p{i}": same for i in range(1, 5)})
     host = tmp_path / "host.json"
-    host.write_text(json.dumps({"pass_ms": {"1": 50, "4": 60, "16": 120, "64": 400}}))
+    host.write_text(json.dumps({"pass_ms": {"1": 50, "4": 60, "16": 120, "64": 400}, "draft_token_ms": {"model": 5}}))
     args = ["replay", "--answers", str(results), "--data", str(data), "--target", "tiny:0", "--hosts", str(host)]
     done = run_cli_here(*args)
     assert done.returncode == 0, done.stderr
@@ -97,5 +110,6 @@ def test_a_load_run_s_answers_through_the_cli_give_each_host_s_ceiling(tmp_path)
     plain, policy, over, ceiling = float(cells[3]), float(cells[4]), cells[5], float(cells[6].rstrip("x"))
     assert plain == pytest.approx(20.0, abs=0.1) and float(over.rstrip("x")) == pytest.approx(policy / plain, abs=0.02)
     assert ceiling > 2.0 and 1.0 < policy / plain <= ceiling + 0.01  # repeated whole: long blocks
+    assert len(cells) == 8 and float(cells[7].rstrip("x")) >= ceiling  # the oracle (draft_token_ms) adds to copies
     other = run_cli_here(*args[:-2], "--hosts", str(host), "--answers-of", "draftwise")
     assert other.returncode == 2 and "holds no answer of draftwise at one client" in other.stderr

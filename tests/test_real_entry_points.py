@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,9 @@ openai = require_module("openai")
 
 # One thread in every command (the one_core mark): these tests run beside the tests on tiny models.
 ONE = ["--threads", "1"]
+# Drafting priced on a recorded host profile, held fixed, where a test counts the tokens a source
+# kept: priced on times measured beside other tests, one slow pass can make blocks look dear.
+FIXED_COSTS = ["--costs", str(Path(__file__).parent / "data" / "hosts" / "intel-xeon.json")]
 GREEDY = ["--max-new-tokens", "24", "--temperature", "0", "--ignore-eos", *ONE]
 # Each test runs on both backends. On hf, float32 weights are packed for oneDNN (what `--dtype
 # auto` picks on most CPUs; the layout the servers once crashed on), pinned so the test covers
@@ -136,7 +140,8 @@ def test_a_json_schema_constrains_the_real_model_and_its_keys_are_drafted(tmp_pa
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(schema))
     prompt = "Describe Paris as a JSON record."
-    greedy = ["--backend", "llamacpp", "--exact", "--drafter", "ngram", "--json", "--chat", "--temperature", "0", *ONE]
+    greedy = ["--backend", "llamacpp", "--exact", "--drafter", "ngram", "--json", "--chat", "--temperature", "0"]
+    greedy += [*ONE, *FIXED_COSTS]
     result = run_cli(
         "generate", prompt, "--target", SMOL, *greedy, "--max-new-tokens", "96", "--json-schema", str(path), "--compare"
     )
@@ -156,7 +161,8 @@ def test_serve_drafts_from_its_earlier_answers_and_keeps_them_across_a_restart(t
     import time
 
     cache = tmp_path / "suffix.json"
-    args = ["serve", "--target", SMOL, "--drafter", "ngram", "--suffix-cache", str(cache), *ONE, *BACKENDS["hf"]]
+    args = ["serve", "--target", SMOL, "--drafter", "ngram", "--suffix-cache", str(cache), *ONE, *FIXED_COSTS]
+    args += BACKENDS["hf"]
     messages = [{"role": "user", "content": "Write a haiku about the sea."}]
     kept = ("draftwise_draft_tokens_by_source_total", {"source": "suffix", "kept": "yes"})
 

@@ -14,6 +14,11 @@ Example: with passes of 1, 2, 3 and 4 rows at 1, 1.5, 1.8 and 2.4 units, and the
 nowhere), the fastest is one block: ``a b c`` drafted and verified in a pass of 4 rows whose
 last row gives ``d``, 2.4 units against 4 plain, 1.67x. Drafting ``a b`` first would cost 1.8
 for 3 tokens and a step for ``d``: 2.8.
+
+With a draft model that is always right (``Oracle``), a block may also go on past the run found
+earlier, each of its further tokens at the model's price for a drafted token, its catch-up left
+out. That bounds what any drafter of the host's kind could add to copying, the model included:
+a goal above it cannot be met on the host by drafting.
 """
 
 from __future__ import annotations
@@ -59,17 +64,28 @@ def copyable(answer: Sequence[int], earlier: Sequence[Sequence[int]], longest: i
     return runs
 
 
-def fastest(runs: Sequence[int], seconds: Callable[[int], float]) -> float:
+@dataclass(frozen=True)
+class Oracle:
+    """A draft model that is always right: ``block`` tokens at most past a copied run, each at
+    ``token_seconds`` (the host profile's price of a drafted token)."""
+
+    token_seconds: float
+    block: int
+
+
+def fastest(runs: Sequence[int], seconds: Callable[[int], float], oracle: Oracle | None = None) -> float:
     """The least time to decode an answer whose position ``i`` may start a block of up to
     ``runs[i]`` drafted tokens, all kept: one-row steps and blocks of ``k`` tokens verified in
     a pass of ``k + 1`` rows (``seconds(rows)``), chosen by a dynamic program over positions
-    (the pass's last row is the target's own token, so a block ends before the answer does)."""
+    (the pass's last row is the target's own token, so a block ends before the answer does).
+    With an ``oracle``, a block may hold up to ``oracle.block`` tokens more, at its price."""
     n = len(runs)
+    more, price = (0, 0.0) if oracle is None else (oracle.block, oracle.token_seconds)
     best = [0.0] * (n + 1)
     for i in range(n - 1, -1, -1):
         best[i] = seconds(1) + best[i + 1]
-        for k in range(1, min(runs[i], n - i - 1) + 1):
-            best[i] = min(best[i], seconds(k + 1) + best[i + k + 1])
+        for k in range(1, min(runs[i] + more, n - i - 1) + 1):
+            best[i] = min(best[i], seconds(k + 1) + max(0, k - runs[i]) * price + best[i + k + 1])
     return best[0]
 
 
@@ -81,28 +97,39 @@ class Ceiling:
     tokens: int
     plain_seconds: float
     seconds: float
+    oracle_seconds: float | None = None  # with a draft model always right beside the copies
 
     @property
     def speedup(self) -> float:
         return self.plain_seconds / self.seconds if self.seconds > 0 else 1.0
 
+    @property
+    def oracle_speedup(self) -> float | None:
+        return None if not self.oracle_seconds else self.plain_seconds / self.oracle_seconds
+
 
 def copy_ceiling(
-    turns: Sequence[tuple[Sequence[int], Sequence[int]]], seconds: Callable[[int], float], longest: int, start: int
+    turns: Sequence[tuple[Sequence[int], Sequence[int]]],
+    seconds: Callable[[int], float],
+    longest: int,
+    start: int,
+    oracle: Oracle | None = None,
 ) -> Ceiling:
     """The ceiling of a sequence of requests, ``turns`` as (prompt, answer) in the order sent,
     over its answers from the ``start``-th (1-based) on: each may copy from every prompt and
-    answer before it and from its own prompt."""
+    answer before it and from its own prompt; and, given an ``oracle``, the same with it."""
     earlier: list[Sequence[int]] = []
     answers = tokens = 0
-    plain = fast = 0.0
+    plain = fast = with_oracle = 0.0
     for turn, (prompt, answer) in enumerate(turns, 1):
         if turn >= start:
+            runs = copyable(answer, [*earlier, prompt], longest)
             answers, tokens = answers + 1, tokens + len(answer)
             plain += len(answer) * seconds(1)
-            fast += fastest(copyable(answer, [*earlier, prompt], longest), seconds)
+            fast += fastest(runs, seconds)
+            with_oracle += fastest(runs, seconds, oracle) if oracle is not None else 0.0
         earlier += [prompt, answer]
-    return Ceiling(answers, tokens, plain, fast)
+    return Ceiling(answers, tokens, plain, fast, with_oracle if oracle is not None else None)
 
 
 def host_limit(seconds: Callable[[int], float], largest: int) -> float:

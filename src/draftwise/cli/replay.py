@@ -117,10 +117,11 @@ def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostP
     from rich.console import Console
     from rich.table import Table
 
-    from draftwise.bench.ceiling import CEILING_FROM, answered, copy_ceiling, host_limit, suffix_recordings
+    from draftwise.bench.ceiling import CEILING_FROM, Oracle, answered, copy_ceiling, host_limit, suffix_recordings
     from draftwise.bench.dataset import load_prompts
     from draftwise.bench.replay import in_turn
     from draftwise.config import MAX_BLOCK, DraftConfig, GenerationConfig, SuffixConfig
+    from draftwise.events import MODEL
     from draftwise.loading import load_tokenizer
 
     assert config.answers is not None
@@ -144,10 +145,12 @@ def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostP
         def seconds(rows: int, host: CostProfile = host) -> float:
             return host.pass_times.at(rows) or 0.0
 
+        model = host.draft_token_seconds.get(MODEL)
+        oracle = None if model is None else Oracle(model, DraftConfig().k_max)
         title = f"the copy ceiling on {name} (the most drafting can give there: {host_limit(seconds, MAX_BLOCK):.2f}x)"
-        table = Table(*heads, title=title)
+        table = Table(*heads, *(("copies + a model always right",) if oracle else ()), title=title)
         for subtask, turns in sequences.items():
-            found = copy_ceiling(turns, seconds, MAX_BLOCK - 1, CEILING_FROM)
+            found = copy_ceiling(turns, seconds, MAX_BLOCK - 1, CEILING_FROM, oracle)
             plain, policy = in_turn(recorded[subtask], host, DraftConfig(), CEILING_FROM)
             table.add_row(
                 subtask,
@@ -157,6 +160,7 @@ def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostP
                 f"{policy:.1f}",
                 f"{policy / plain:.2f}x",
                 f"{found.speedup:.2f}x",
+                *((f"{found.oracle_speedup:.2f}x",) if found.oracle_speedup else ()),
             )
         Console(width=max(120, Console().width)).print(table)
 
