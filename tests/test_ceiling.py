@@ -27,12 +27,13 @@ def test_the_docstring_s_example_one_block_and_its_bonus_token():
 def test_a_draft_model_always_right_drafts_past_the_copies_at_its_price():
     # Nothing to copy in a b c d: the oracle drafts a b c at 0.1 each, verified in a pass of 4
     # rows whose last gives d, 2.4 + 0.3 against 4 plain steps (2 drafted and a step: 3.0).
-    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(0.1, 8)) == pytest.approx(2.7)
-    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(0.1, 1)) == pytest.approx(1.6 + 1.6)  # blocks of 1
-    assert fastest([3, 2, 1, 0], CURVE.__getitem__, Oracle(0.1, 8)) == pytest.approx(2.4)  # the copy is free
-    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(1.0, 8)) == pytest.approx(4.0)  # a step a token: no gain
+    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(0.1, 8, 63)) == pytest.approx(2.7)
+    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(0.1, 1, 63)) == pytest.approx(1.6 + 1.6)  # blocks of 1
+    assert fastest([3, 2, 1, 0], CURVE.__getitem__, Oracle(0.1, 8, 63)) == pytest.approx(2.4)  # the copy is free
+    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(1.0, 8, 63)) == pytest.approx(4.0)  # a step a token: no gain
+    assert fastest([0, 0, 0, 0], CURVE.__getitem__, Oracle(0.1, 8, 2)) == pytest.approx(2.0 + 1.0)  # 2 in all a block
     turns = [([1, 2], [7, 8, 9, 10])] * 2 + [([1, 2], [3, 4, 5, 6])]
-    found = copy_ceiling(turns, CURVE.__getitem__, longest=3, start=3, oracle=Oracle(0.1, 8))
+    found = copy_ceiling(turns, CURVE.__getitem__, longest=3, start=3, oracle=Oracle(0.1, 8, 63))
     assert found.speedup == pytest.approx(1.0) and found.oracle_speedup == pytest.approx(4.0 / 2.7)
     assert copy_ceiling(turns, CURVE.__getitem__, longest=3, start=3).oracle_speedup is None
 

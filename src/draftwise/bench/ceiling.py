@@ -17,8 +17,8 @@ for 3 tokens and a step for ``d``: 2.8.
 
 With a draft model that is always right (``Oracle``), a block may also go on past the run found
 earlier, each of its further tokens at the model's price for a drafted token, its catch-up left
-out. That bounds what any drafter of the host's kind could add to copying, the model included:
-a goal above it cannot be met on the host by drafting.
+out. That bounds what copying and that draft model together could give on the host: a goal
+above it needs a cheaper drafter than the model, or another host.
 """
 
 from __future__ import annotations
@@ -67,10 +67,12 @@ def copyable(answer: Sequence[int], earlier: Sequence[Sequence[int]], longest: i
 @dataclass(frozen=True)
 class Oracle:
     """A draft model that is always right: ``block`` tokens at most past a copied run, each at
-    ``token_seconds`` (the host profile's price of a drafted token)."""
+    ``token_seconds`` (the host profile's price of a drafted token), in blocks of at most
+    ``largest`` tokens in all (the longest a pass verifies)."""
 
     token_seconds: float
     block: int
+    largest: int
 
 
 def fastest(runs: Sequence[int], seconds: Callable[[int], float], oracle: Oracle | None = None) -> float:
@@ -80,11 +82,11 @@ def fastest(runs: Sequence[int], seconds: Callable[[int], float], oracle: Oracle
     (the pass's last row is the target's own token, so a block ends before the answer does).
     With an ``oracle``, a block may hold up to ``oracle.block`` tokens more, at its price."""
     n = len(runs)
-    more, price = (0, 0.0) if oracle is None else (oracle.block, oracle.token_seconds)
+    more, price, largest = (0, 0.0, n) if oracle is None else (oracle.block, oracle.token_seconds, oracle.largest)
     best = [0.0] * (n + 1)
     for i in range(n - 1, -1, -1):
         best[i] = seconds(1) + best[i + 1]
-        for k in range(1, min(runs[i] + more, n - i - 1) + 1):
+        for k in range(1, min(max(runs[i], min(runs[i] + more, largest)), n - i - 1) + 1):
             best[i] = min(best[i], seconds(k + 1) + max(0, k - runs[i]) * price + best[i + k + 1])
     return best[0]
 

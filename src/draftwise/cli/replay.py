@@ -146,7 +146,7 @@ def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostP
             return host.pass_times.at(rows) or 0.0
 
         model = host.draft_token_seconds.get(MODEL)
-        oracle = None if model is None else Oracle(model, DraftConfig().k_max)
+        oracle = None if model is None else Oracle(model, DraftConfig().k_max, MAX_BLOCK - 1)
         title = f"the copy ceiling on {name} (the most drafting can give there: {host_limit(seconds, MAX_BLOCK):.2f}x)"
         table = Table(*heads, *(("copies + a model always right",) if oracle else ()), title=title)
         for subtask, turns in sequences.items():
