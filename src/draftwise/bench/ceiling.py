@@ -82,11 +82,12 @@ def fastest(runs: Sequence[int], seconds: Callable[[int], float], oracle: Oracle
     (the pass's last row is the target's own token, so a block ends before the answer does).
     With an ``oracle``, a block may hold up to ``oracle.block`` tokens more, at its price."""
     n = len(runs)
-    more, price, largest = (0, 0.0, n) if oracle is None else (oracle.block, oracle.token_seconds, oracle.largest)
+    price = 0.0 if oracle is None else oracle.token_seconds
     best = [0.0] * (n + 1)
     for i in range(n - 1, -1, -1):
         best[i] = seconds(1) + best[i + 1]
-        for k in range(1, min(max(runs[i], min(runs[i] + more, largest)), n - i - 1) + 1):
+        top = runs[i] if oracle is None else max(runs[i], min(runs[i] + oracle.block, oracle.largest))
+        for k in range(1, min(top, n - i - 1) + 1):
             best[i] = min(best[i], seconds(k + 1) + max(0, k - runs[i]) * price + best[i + k + 1])
     return best[0]
 
@@ -107,7 +108,9 @@ class Ceiling:
 
     @property
     def oracle_speedup(self) -> float | None:
-        return None if not self.oracle_seconds else self.plain_seconds / self.oracle_seconds
+        if self.oracle_seconds is None:
+            return None
+        return self.plain_seconds / self.oracle_seconds if self.oracle_seconds > 0 else 1.0
 
 
 def copy_ceiling(
@@ -122,16 +125,18 @@ def copy_ceiling(
     answer before it and from its own prompt; and, given an ``oracle``, the same with it."""
     earlier: list[Sequence[int]] = []
     answers = tokens = 0
-    plain = fast = with_oracle = 0.0
+    plain = fast = 0.0
+    with_oracle = None if oracle is None else 0.0
     for turn, (prompt, answer) in enumerate(turns, 1):
         if turn >= start:
             runs = copyable(answer, [*earlier, prompt], longest)
             answers, tokens = answers + 1, tokens + len(answer)
             plain += len(answer) * seconds(1)
             fast += fastest(runs, seconds)
-            with_oracle += fastest(runs, seconds, oracle) if oracle is not None else 0.0
+            if with_oracle is not None:
+                with_oracle += fastest(runs, seconds, oracle)
         earlier += [prompt, answer]
-    return Ceiling(answers, tokens, plain, fast, with_oracle if oracle is not None else None)
+    return Ceiling(answers, tokens, plain, fast, with_oracle)
 
 
 def host_limit(seconds: Callable[[int], float], largest: int) -> float:

@@ -140,18 +140,19 @@ def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostP
     generation = GenerationConfig(max_new_tokens=config.max_new_tokens)
     recorded = {subtask: suffix_recordings(turns, generation, SuffixConfig()) for subtask, turns in sequences.items()}
     heads = ("subtask", "answers", "tokens", "plain tok/s", "policy tok/s", "policy / plain", "copy ceiling")
+    draft = DraftConfig()
     for name, host in hosts.items():
 
         def seconds(rows: int, host: CostProfile = host) -> float:
             return host.pass_times.at(rows) or 0.0
 
         model = host.draft_token_seconds.get(MODEL)
-        oracle = None if model is None else Oracle(model, DraftConfig().k_max, MAX_BLOCK - 1)
+        oracle = None if model is None else Oracle(model, draft.k_max, MAX_BLOCK - 1)
         title = f"the copy ceiling on {name} (the most drafting can give there: {host_limit(seconds, MAX_BLOCK):.2f}x)"
         table = Table(*heads, *(("copies + a model always right",) if oracle else ()), title=title)
         for subtask, turns in sequences.items():
             found = copy_ceiling(turns, seconds, MAX_BLOCK - 1, CEILING_FROM, oracle)
-            plain, policy = in_turn(recorded[subtask], host, DraftConfig(), CEILING_FROM)
+            plain, policy = in_turn(recorded[subtask], host, draft, CEILING_FROM)
             table.add_row(
                 subtask,
                 str(found.answers),
@@ -160,7 +161,7 @@ def _ceilings(config: ReplayConfig, models: ModelOptions, hosts: dict[str, CostP
                 f"{policy:.1f}",
                 f"{policy / plain:.2f}x",
                 f"{found.speedup:.2f}x",
-                *((f"{found.oracle_speedup:.2f}x",) if found.oracle_speedup else ()),
+                *((f"{found.oracle_speedup:.2f}x",) if found.oracle_speedup is not None else ()),
             )
         Console(width=max(120, Console().width)).print(table)
 
