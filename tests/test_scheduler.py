@@ -27,9 +27,12 @@ class RecordingBatch:
     """A batch that feeds at most ``rows`` rows a pass, smallest requests first, and records
     each pass as [(stream name, rows fed)]; a forward's scores are its tokens' count."""
 
-    def __init__(self, rows: int = 8) -> None:
-        self.rows = rows
+    def __init__(self, rows: int = 8, apart: int = 0) -> None:
+        self.rows, self.apart = rows, apart
         self.passes: list[list[tuple[str, int]]] = []
+
+    def apart_from(self) -> int:
+        return self.apart
 
     def step(self, forwards, rows=None) -> None:
         budget, record = self.rows if rows is None else min(rows, self.rows), []
@@ -133,6 +136,31 @@ def test_beside_a_decoding_stream_a_prompt_goes_in_pieces_priced_under_the_bound
         assert price(whole) <= price(1) + bound  # within the bound...
         assert i == len(pieces) - 1 or price(whole + 1) > price(1) + bound  # ...and as large as it allows
     assert all(p[0] == ("a", 1) for p in batch.passes[: len(pieces)])  # the step never waited a round
+
+
+@pytest.mark.parametrize("bound", [PIECE_SECONDS, 0.6])  # a bound the floor of rows does not reach
+def test_pieces_that_run_faster_alone_go_in_a_pass_of_their_own_before_the_step(bound):
+    batch = RecordingBatch(rows=256, apart=32)
+    scheduler = Scheduler(pacing=PacingConfig(piece_seconds=bound))
+    scheduler.pace(batch, _priced)
+    run_together([stepping(FakeLM("a", batch), [1] * 40), stepping(FakeLM("c", batch), [600, 1])], scheduler)
+    pieces, price = _pieces(batch, "c"), Pace(batch, _priced).price
+    assert sum(rows for rows, _ in pieces) == 600 and len(pieces) > 3
+    for i, (rows, whole) in enumerate(pieces):
+        assert whole == rows  # alone in its pass...
+        assert batch.passes[2 * i + 1] == [("a", 1)]  # ...and the step in the next, the same round
+        assert price(rows) <= bound  # the piece's whole pass within the bound...
+        assert i == len(pieces) - 1 or price(rows + 1) > bound  # ...and as large as it allows
+    assert sorted(batch.passes[2 * len(pieces)]) == [("a", 1), ("c", 1)]  # then one pass of both steps
+
+
+def test_pieces_smaller_than_the_faster_kernels_need_ride_with_the_step():
+    # The bound allows a piece of the floor alone (PIECE_MIN_ROWS); the faster kernels need 128.
+    batch = RecordingBatch(rows=256, apart=128)
+    scheduler = Scheduler(pacing=PacingConfig(piece_seconds=0.3))
+    scheduler.pace(batch, _priced)
+    run_together([stepping(FakeLM("a", batch), [1] * 40), stepping(FakeLM("c", batch), [600, 1])], scheduler)
+    assert all(whole == rows + 1 for rows, whole in _pieces(batch, "c"))
 
 
 def test_alone_a_prompt_goes_in_pieces_of_the_whole_row_budget():

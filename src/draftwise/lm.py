@@ -176,6 +176,11 @@ class Batch(Protocol):
         at most ``rows``: the scheduler's bound on a pass that feeds a long prompt beside
         other streams); each one fed whole gets its ``scores``. Returns the rows it fed."""
 
+    def apart_from(self) -> int:
+        """The fewest rows of prompt pieces that run on faster kernels in a pass of their own
+        than beside other streams' steps (0: the same kernels either way). The scheduler feeds
+        pieces that large in a pass of their own, and the steps in another."""
+
 
 class KernelTiming(Protocol):
     """Kernels for prompt pieces that a backend leaves to timing (llama.cpp's repacked matrices,

@@ -17,7 +17,10 @@ stream of one pass. The scheduler runs them all on one thread, in rounds:
    round, a piece is sized in time, by the model's measured pass curve (``pace``) and how
    much slower than it the last passes ran: the pieces add at most ``piece_seconds`` to
    each of their steps (a step of several rounds, a draft and its check, included), so no
-   prompt stalls the others' text.
+   prompt stalls the others' text. Where pieces of the size the bound allows run on faster
+   kernels in a pass of their own (``Batch.apart_from``: llama.cpp's stock kernels on CPUs
+   where they beat the repacked ones), the pieces go in a pass of their own, then the steps
+   in another; the steps' tokens come from the same kernels either way.
 
 Nothing waits on a clock: a round starts as soon as the last one ended, with what every
 stream has asked for by then, as llama-server's loop does. Streams advance in the order
@@ -208,26 +211,50 @@ class Scheduler:
             pace = self._pace(batch)
             if pace is not None and not waiting and not pace.others():
                 pace = None
-            rows, added = (None, 0.0)
-            if pace is not None:
-                steps = sum(len(f.tokens) for f in forwards if id(f) not in feeds)
-                feeding = sum(len(f.tokens) for f in forwards) - steps
-                rows, added = piece_rows(pace.price, steps, feeding, budget, self.pacing)
-            if rows == 0:
-                continue  # only pieces here, and no time left for them before the others' next events
-            started = time.perf_counter()
-            fed = _step(batch, forwards, rows)
-            seconds = time.perf_counter() - started
-            if pace is not None and rows is not None:
-                pace.measured(fed, seconds)
-            self.stats.passes += 1
-            self.stats.passing += seconds
-            budget -= added
-            for task in waiting:
-                task.paused += added
+            for part, rows, added in _parts(forwards, feeds, pace, budget, self.pacing):
+                if rows == 0:
+                    continue  # only pieces here, and no time left for them before the others' next events
+                started = time.perf_counter()
+                fed = _step(batch, part, rows)
+                seconds = time.perf_counter() - started
+                if pace is not None and rows is not None:  # the pass that fed the pieces
+                    pace.measured(fed, seconds)
+                self.stats.passes += 1
+                self.stats.passing += seconds
+                budget -= added
+                for task in waiting:
+                    task.paused += added
 
     def _pace(self, batch: Batch | None) -> Pace | None:
         return next((pace for pace in self._paces if pace.batch is batch), None)
+
+
+def _parts(
+    forwards: list[Forward], feeds: set[int], pace: Pace | None, budget: float, pacing: PacingConfig
+) -> list[tuple[list[Forward], int | None, float]]:
+    """The passes of one batch in a round: (forwards, most rows, seconds its prompt pieces add
+    to the steps of the streams that wait on it). One pass of them all, the pieces priced
+    beside the steps; or, where the pieces the bound allows in a pass of their own are large
+    enough to run on faster kernels there (``Batch.apart_from``), a pass of the pieces (it
+    adds all its time) and then one of the steps. ``feeds``: ids of the forwards that feed
+    prompt pieces; ``pace`` None: one pass, no bound.
+
+    Example: a one-row step beside a 600-token prompt, a curve of 0.004 s a row, a budget of
+    0.4 s. Pieces from 32 rows running apart: a pass of 100 of the prompt's rows, then one of
+    the step. From 128 rows: one pass of the step and 100 of the prompt's rows.
+    """
+    if pace is None:
+        return [(forwards, None, 0.0)]
+    pieces = [forward for forward in forwards if id(forward) in feeds]
+    steps = [forward for forward in forwards if id(forward) not in feeds]
+    feeding = sum(len(forward.tokens) for forward in pieces)
+    apart = pace.batch.apart_from()
+    if pieces and steps and apart:
+        rows, added = piece_rows(pace.price, 0, feeding, budget, pacing)
+        if rows is not None and rows >= apart:
+            return [(pieces, rows, added), (steps, None, 0.0)]
+    rows, added = piece_rows(pace.price, sum(len(forward.tokens) for forward in steps), feeding, budget, pacing)
+    return [(forwards, rows, added)]
 
 
 def _feeding(task: _Task) -> bool:

@@ -238,6 +238,11 @@ class Batcher:
         with self._slots:
             self._free.append(seq)
 
+    def apart_from(self) -> int:
+        """Prompt pieces in a pass of their own run the stock kernels from the rows timed for
+        this CPU; beside a step, every product stays repacked (``KernelChoice``)."""
+        return self.weights.kernels.stock_rows_for(prompt_only=True)
+
     def step(self, forwards: Sequence[Forward], rows: int | None = None) -> int:
         """One pass over ``forwards`` of this context's sequences (``LlamaCppModel``), of at
         most ``rows`` rows (None: the row budget): each one fed whole gets its ``scores``; one
