@@ -13,7 +13,7 @@ import pytest
 from draftwise import costs
 from draftwise.backends.llamacpp_batch import Request
 from draftwise.backends.llamacpp_kernels import STOCK_FROM_ROWS, KernelChoice, keep_layouts
-from draftwise.costs import choose_kernels, crossover
+from draftwise.costs import apart, choose_kernels, crossover
 
 
 def test_the_stock_kernels_take_over_from_the_fewest_rows_where_they_win_at_every_larger_size():
@@ -21,6 +21,18 @@ def test_the_stock_kernels_take_over_from_the_fewest_rows_where_they_win_at_ever
     repacked = {1: 37.1, 2: 58.7, 4: 111.2, 8: 240.2, 16: 237.6, 32: 390.6, 64: 705.6}
     stock = {1: 50.9, 2: 81.2, 4: 123.6, 8: 231.3, 16: 267.6, 32: 304.3, 64: 517.2}
     assert crossover(repacked, stock) == 32  # 8 rows won once, but 16 did not: not from 8
+
+
+def test_pieces_go_apart_from_where_the_stock_kernels_save_more_than_a_pass_of_one_row_costs():
+    # The same curves: from 32 rows the stock kernels save 86 ms, more than a one-row pass (37 ms).
+    repacked = {1: 37.1, 2: 58.7, 4: 111.2, 8: 240.2, 16: 237.6, 32: 390.6, 64: 705.6}
+    stock = {1: 50.9, 2: 81.2, 4: 123.6, 8: 231.3, 16: 267.6, 32: 304.3, 64: 517.2}
+    assert apart(repacked, stock) == 32
+    # A host where the stock kernels win by less than a pass costs: faster, and never apart.
+    nearly = {n: t * 0.97 for n, t in repacked.items()}
+    assert crossover(repacked, nearly) == 1 and apart(repacked, nearly) == 0
+    # Where they win by more only from 64 rows, pieces go apart from 64, not from the crossover.
+    assert apart({1: 35, 32: 327, 64: 600}, {1: 50, 32: 312, 64: 508}) == 64
 
 
 def test_no_crossover_where_the_largest_size_is_faster_repacked():
@@ -66,6 +78,7 @@ def test_the_layouts_are_kept_unless_exact_the_gpu_or_the_user_decides(
     switch = Switch()
     choice = keep_layouts(exact, gpu, switch)
     assert (switch.kept, choice.timed, choice.stock_rows) == (kept, timed, rows)
+    assert choice.apart_rows == (rows or 0)  # the user's rows stand for pieces apart too; timed later
     assert keep_layouts(exact, gpu, None) == KernelChoice()  # a build without patch 0006: nothing to choose
 
 
@@ -117,15 +130,29 @@ def test_the_choice_is_timed_on_each_kernel_once_then_read_from_the_cache(monkey
     logged = []
     assert choose_kernels(_target(choice), logged.append) == 32
     assert timed == [0, 1] and choice.stock_rows == 32 and len(logged) == 1
+    assert choice.apart_rows == 32  # 64 and 32 rows save more than a one-row pass: 0.20 and 0.10 s
     assert choose_kernels(_target(choice), logged.append) is None  # chosen: nothing left to time
     choice.stock_rows = None
     # Another context length or slot count (another fingerprint), the same file, threads and
     # device: the choice is read from the cache, no pass timed again.
+    choice.apart_rows = 0
     assert choose_kernels(_target(choice, max_context=8192), logged.append) == 32
-    assert timed == [0, 1] and choice.stock_rows == 32
+    assert timed == [0, 1] and choice.stock_rows == 32 and choice.apart_rows == 32
     choice.stock_rows = None
     assert choose_kernels(_target(choice, key="llamacpp|target|1 threads|cpu"), logged.append) == 32
     assert timed == [0, 1, 0, 1]  # other threads: timed again
+
+
+def test_the_stock_curve_is_judged_from_two_rows_its_one_row_step_runs_repacked(monkeypatch, tmp_path):
+    # A 2-core AMD EPYC (AVX-512): the stock kernels' 2-row piece costs more than two one-row
+    # steps (which run repacked in both curves), yet the curve is the idle machine's own.
+    repacked = {1: 0.031, 2: 0.052, 4: 0.085, 8: 0.177, 16: 0.223, 32: 0.397, 64: 0.705}
+    stock = {1: 0.031, 2: 0.078, 4: 0.118, 8: 0.223, 16: 0.245, 32: 0.348, 64: 0.540}
+    choice, timed = _timing(monkeypatch, tmp_path, {0: repacked, 1: stock})
+    assert choose_kernels(_target(choice), lambda line: None) == 32 and choice.apart_rows == 32
+    choice.stock_rows, choice.apart_rows = None, 0
+    assert choose_kernels(_target(choice), lambda line: None) == 32 and choice.apart_rows == 32
+    assert timed == [0, 1]  # cached: the second run timed nothing
 
 
 def test_a_choice_timed_on_a_busy_machine_is_not_cached(monkeypatch, tmp_path):

@@ -82,22 +82,25 @@ ATTEMPTS = 3
 
 
 def plausible(times: dict[int, float], outlier: float = DEFAULTS.outlier) -> bool:
-    """Whether a timed curve can be this machine's own: a pass over ``n`` rows does at most
-    ``n`` times the work of a one-row pass, so it never takes longer than ``n`` of them; and
-    ``n / m`` times the work of one over ``m`` rows, so where it took more than ``outlier``
-    times that, it stalled (kernels that change with the size, 8 rows costing more than two
-    4-row passes on an AMD EPYC, stay well within it). A curve timed while something else took
-    the cores breaks these (one timed beside a compiler read 1 / 2 / 6 rows as 65 / 156 /
-    1377 ms, where the idle machine takes about 30 / 50 / 90; the Intel host's first `make run`
-    cached 48 / 49 rows as 0.95 / 2.06 s), and would misprice blocks on this machine for good.
+    """Whether a timed curve can be this machine's own. A pass over ``n`` rows does at most
+    ``n / m`` times the work of one over ``m`` rows: it never takes longer than ``n / m``
+    passes over the fewest rows timed (one, mostly), and where it took more than ``outlier``
+    times ``n / m`` of a smaller size's time, it stalled (kernels that change with the size, 8
+    rows costing more than two 4-row passes on an AMD EPYC, stay well within it). A curve
+    timed while something else took the cores breaks these (one timed beside a compiler read
+    1 / 2 / 6 rows as 65 / 156 / 1377 ms, where the idle machine takes about 30 / 50 / 90; the
+    Intel host's first `make run` cached 48 / 49 rows as 0.95 / 2.06 s), and would misprice
+    blocks on this machine for good.
 
     >>> plausible({1: 0.030, 2: 0.051, 8: 0.182}), plausible({1: 0.065, 2: 0.156, 6: 1.377})
     (True, False)
     >>> plausible({1: 0.093, 4: 0.176, 48: 0.953, 49: 2.060})
     False
     """
-    one = times.get(1)
-    if one is None or any(seconds > n * one for n, seconds in times.items()):
+    if not times:
+        return False
+    least = min(times)
+    if any(seconds > n / least * times[least] for n, seconds in times.items()):
         return False
     sizes = sorted(times)
     return all(times[n] <= outlier * n / m * times[m] for i, m in enumerate(sizes) for n in sizes[i + 1 :])
@@ -129,8 +132,8 @@ def time_draft(lm: LanguageModel) -> tuple[float, float]:
 
 
 # Prompt pieces timed on each kernel layout (``choose_kernels``), from a prompt's short tail to
-# the pieces of a long one (one row, a one-token step, runs repacked both times: the reference a
-# curve is ``plausible`` by).
+# the pieces of a long one (one row, a one-token step, runs repacked both times: the repacked
+# curve is ``plausible`` from it, the stock one from two rows).
 KERNEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -151,33 +154,57 @@ def crossover(repacked: Mapping[int, float], stock: Mapping[int, float]) -> int:
     return rows
 
 
+def apart(repacked: Mapping[int, float], stock: Mapping[int, float]) -> int:
+    """The fewest rows from which a pass of prompt pieces alone on the stock kernels, with a
+    one-row pass beside it, cost less than the same pieces repacked: at that size and at every
+    larger one timed; 0 where the largest size did not. A round whose pieces go in a pass of
+    their own runs the other streams' steps in one more pass; their rows cost about what they
+    would beside the pieces, and the pass itself what a pass of one row costs beyond nothing.
+
+    >>> apart({1: 0.035, 32: 0.327, 64: 0.600}, {1: 0.050, 32: 0.312, 64: 0.508})
+    64
+    >>> apart({1: 0.030, 32: 0.300, 64: 0.500}, {1: 0.040, 32: 0.290, 64: 0.480})
+    0
+    """
+    rows = 0
+    for n in sorted(repacked, reverse=True):
+        if n not in stock or stock[n] + repacked[min(repacked)] >= repacked[n]:
+            break
+        rows = n
+    return rows
+
+
 def choose_kernels(target: LanguageModel, log: Callable[[str], None], cache: CostCache | None = None) -> int | None:
     """Where ``target``'s backend leaves its kernels for prompt pieces to timing
     (``LanguageModel.kernel_timing``): time its prompt pieces of ``KERNEL_SIZES`` rows on the
     repacked kernels and on the stock ones, or read the choice from the cache (keyed by what
     decides it: the file, the threads, the device and the CPU, not the context or the slots),
     set the ``crossover`` and return it (0 for a context too short to time them in, which keeps
-    every product repacked); None where there is nothing to choose. Call before any pass is
-    under way."""
+    every product repacked), and the rows from which pieces beside other streams' steps go in
+    a pass of their own (``apart``); None where there is nothing to choose. Call before any
+    pass is under way."""
     timing = target.kernel_timing
     if timing is None:
         return None
-    rows = 0
+    rows = apart_rows = 0
     if (target.max_context or 0) >= CONTEXT + max(KERNEL_SIZES):
         cache = cache or CostCache()
-        key = f"stock rows for prompts {','.join(map(str, KERNEL_SIZES))}|{timing.key}|{_cpu()}"
-        rows = cache.get(key)
-        if rows is None:
+        key = f"kernels for prompts {','.join(map(str, KERNEL_SIZES))}|{timing.key}|{_cpu()}"
+        chosen = cache.get(key)
+        if chosen is None:
             log(f"timing {target.name}'s prompt pieces on ggml's two kernel layouts (once on this machine; cached)")
             timing.set_stock_rows(0)
             repacked = time_curve(target, KERNEL_SIZES, prompt=True)
             timing.set_stock_rows(1)
             stock = time_curve(target, KERNEL_SIZES, prompt=True)
-            rows = crossover(repacked, stock)
-            if plausible(repacked) and plausible(stock):
-                cache.put(key, rows)
-    timing.set_stock_rows(int(rows))
-    return int(rows)
+            chosen = [crossover(repacked, stock), apart(repacked, stock)]
+            # One row is a step, repacked in both curves: the stock kernels are judged by their own.
+            if plausible(repacked) and plausible({n: t for n, t in stock.items() if n > 1}):
+                cache.put(key, chosen)
+        rows, apart_rows = map(int, chosen)
+    timing.set_stock_rows(rows)
+    timing.set_apart_rows(apart_rows)
+    return rows
 
 
 class CostCache:

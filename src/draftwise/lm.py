@@ -194,6 +194,10 @@ class KernelTiming(Protocol):
     def set_stock_rows(self, rows: int) -> None:
         """Passes of prompt pieces of at least ``rows`` rows run the stock kernels (0: none)."""
 
+    def set_apart_rows(self, rows: int) -> None:
+        """Prompt pieces of at least ``rows`` rows beside other streams' steps go in a pass of
+        their own (``Batch.apart_from``; 0: never)."""
+
 
 @runtime_checkable
 class LanguageModel(Protocol):

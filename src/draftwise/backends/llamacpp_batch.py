@@ -239,9 +239,11 @@ class Batcher:
             self._free.append(seq)
 
     def apart_from(self) -> int:
-        """Prompt pieces in a pass of their own run the stock kernels from the rows timed for
-        this CPU; beside a step, every product stays repacked (``KernelChoice``)."""
-        return self.weights.kernels.stock_rows_for(prompt_only=True)
+        """Prompt pieces in a pass of their own run the stock kernels; beside a step, every
+        product stays repacked. The rows from which that pays, as timed for this CPU
+        (``KernelChoice.apart_rows``, ``draftwise.costs.apart``)."""
+        kernels = self.weights.kernels
+        return kernels.apart_rows if kernels.stock_rows_for(prompt_only=True) else 0
 
     def step(self, forwards: Sequence[Forward], rows: int | None = None) -> int:
         """One pass over ``forwards`` of this context's sequences (``LlamaCppModel``), of at

@@ -81,13 +81,16 @@ def ggml_switch(llama: ctypes.CDLL) -> GgmlSwitch | None:
 class KernelChoice:
     """What this process runs repacked matrices on. ``timed``: draftwise times the target's
     passes to set ``stock_rows`` (None until it has); otherwise ``stock_rows`` is fixed (the
-    user's, or 0: every product repacked). ``copies``: whether repacked matrices keep their
-    file layout too (memory for a second copy of those weights)."""
+    user's, or 0: every product repacked). ``apart_rows``: from how many rows prompt pieces
+    beside other streams' steps go in a pass of their own, to run there (``Batch.apart_from``;
+    timed with ``stock_rows``; the user's rows stand for both). ``copies``: whether repacked
+    matrices keep their file layout too (memory for a second copy of those weights)."""
 
     switch: GgmlSwitch | None = None
     timed: bool = False
     stock_rows: int | None = 0
     copies: bool = False
+    apart_rows: int = 0
 
     def to_time(self, key: str) -> PromptKernels | None:
         """The choice as ``draftwise.lm.KernelTiming`` for a target whose file, threads and
@@ -114,6 +117,9 @@ class PromptKernels:
     def set_stock_rows(self, rows: int) -> None:
         self.choice.stock_rows = rows
 
+    def set_apart_rows(self, rows: int) -> None:
+        self.choice.apart_rows = rows
+
 
 def keep_layouts(exact: bool, gpu: bool, switch: GgmlSwitch | None) -> KernelChoice:
     """Before the process's first weights load: who chooses the kernels. With ``exact`` (or on
@@ -128,7 +134,8 @@ def keep_layouts(exact: bool, gpu: bool, switch: GgmlSwitch | None) -> KernelCho
     user = os.environ.get(STOCK_FROM_ROWS)
     if user is not None:
         rows = user.strip()
-        return KernelChoice(switch, stock_rows=int(rows) if rows.isdigit() else 0, copies=bool(rows))
+        stock = int(rows) if rows.isdigit() else 0
+        return KernelChoice(switch, stock_rows=stock, copies=bool(rows), apart_rows=stock)
     kept = switch.keep_layouts(True)
     return KernelChoice(switch, timed=kept, stock_rows=None, copies=kept)
 
