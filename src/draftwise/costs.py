@@ -81,28 +81,29 @@ def time_passes(
 ATTEMPTS = 3
 
 
-def plausible(times: dict[int, float], outlier: float = DEFAULTS.outlier) -> bool:
-    """Whether a timed curve can be this machine's own. A pass over ``n`` rows does at most
-    ``n / m`` times the work of one over ``m`` rows: it never takes longer than ``n / m``
-    passes over the fewest rows timed (one, mostly), and where it took more than ``outlier``
-    times ``n / m`` of a smaller size's time, it stalled (kernels that change with the size, 8
-    rows costing more than two 4-row passes on an AMD EPYC, stay well within it). A curve
-    timed while something else took the cores breaks these (one timed beside a compiler read
-    1 / 2 / 6 rows as 65 / 156 / 1377 ms, where the idle machine takes about 30 / 50 / 90; the
-    Intel host's first `make run` cached 48 / 49 rows as 0.95 / 2.06 s), and would misprice
-    blocks on this machine for good.
+def plausible(times: dict[int, float], outlier: float = DEFAULTS.outlier, fewest: int = 1) -> bool:
+    """Whether a timed curve can be this machine's own, judged from its pass over ``fewest``
+    rows (one, unless that pass runs other kernels than the rest). A pass over ``n`` rows does
+    at most ``n / m`` times the work of one over ``m`` rows: it never takes longer than
+    ``n / fewest`` passes over ``fewest``, and where it took more than ``outlier`` times
+    ``n / m`` of a smaller size's time, it stalled (kernels that change with the size, 8 rows
+    costing more than two 4-row passes on an AMD EPYC, stay well within it). A curve timed
+    while something else took the cores breaks these (one timed beside a compiler read 1 / 2 /
+    6 rows as 65 / 156 / 1377 ms, where the idle machine takes about 30 / 50 / 90; the Intel
+    host's first `make run` cached 48 / 49 rows as 0.95 / 2.06 s), and would misprice blocks on
+    this machine for good.
 
     >>> plausible({1: 0.030, 2: 0.051, 8: 0.182}), plausible({1: 0.065, 2: 0.156, 6: 1.377})
     (True, False)
     >>> plausible({1: 0.093, 4: 0.176, 48: 0.953, 49: 2.060})
     False
+    >>> plausible({1: 0.031, 2: 0.078, 64: 0.540}), plausible({1: 0.031, 2: 0.078, 64: 0.540}, fewest=2)
+    (False, True)
     """
-    if not times:
+    base = times.get(fewest)
+    sizes = sorted(n for n in times if n >= fewest)
+    if base is None or any(times[n] > n / fewest * base for n in sizes):
         return False
-    least = min(times)
-    if any(seconds > n / least * times[least] for n, seconds in times.items()):
-        return False
-    sizes = sorted(times)
     return all(times[n] <= outlier * n / m * times[m] for i, m in enumerate(sizes) for n in sizes[i + 1 :])
 
 
@@ -199,7 +200,7 @@ def choose_kernels(target: LanguageModel, log: Callable[[str], None], cache: Cos
             stock = time_curve(target, KERNEL_SIZES, prompt=True)
             chosen = [crossover(repacked, stock), apart(repacked, stock)]
             # One row is a step, repacked in both curves: the stock kernels are judged by their own.
-            if plausible(repacked) and plausible({n: t for n, t in stock.items() if n > 1}):
+            if plausible(repacked) and plausible(stock, fewest=min(n for n in stock if n > 1)):
                 cache.put(key, chosen)
         rows, apart_rows = map(int, chosen)
     timing.set_stock_rows(rows)
