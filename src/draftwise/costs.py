@@ -138,9 +138,9 @@ def time_draft(lm: LanguageModel) -> tuple[float, float]:
 KERNEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def crossover(repacked: Mapping[int, float], stock: Mapping[int, float]) -> int:
+def crossover(repacked: Mapping[int, float], stock: Mapping[int, float], extra: float = 0.0) -> int:
     """The fewest rows from which the stock kernels were faster at that size and at every
-    larger one timed; 0 where the largest size was faster repacked.
+    larger one timed, by more than ``extra`` seconds; 0 where the largest size was not.
 
     >>> crossover({1: 0.037, 16: 0.238, 32: 0.391, 64: 0.706}, {1: 0.051, 16: 0.268, 32: 0.304, 64: 0.517})
     32
@@ -149,7 +149,7 @@ def crossover(repacked: Mapping[int, float], stock: Mapping[int, float]) -> int:
     """
     rows = 0
     for n in sorted(repacked, reverse=True):
-        if n not in stock or stock[n] >= repacked[n]:
+        if n not in stock or stock[n] + extra >= repacked[n]:
             break
         rows = n
     return rows
@@ -167,12 +167,7 @@ def apart(repacked: Mapping[int, float], stock: Mapping[int, float]) -> int:
     >>> apart({1: 0.030, 32: 0.300, 64: 0.500}, {1: 0.040, 32: 0.290, 64: 0.480})
     0
     """
-    rows = 0
-    for n in sorted(repacked, reverse=True):
-        if n not in stock or stock[n] + repacked[min(repacked)] >= repacked[n]:
-            break
-        rows = n
-    return rows
+    return crossover(repacked, stock, extra=repacked[min(repacked)])
 
 
 def choose_kernels(target: LanguageModel, log: Callable[[str], None], cache: CostCache | None = None) -> int | None:
